@@ -1,0 +1,53 @@
+# Two entry points that work on a fresh machine (Python 3.11 and network access to PyPI):
+#   make run   -- set up, then run the whole pipeline once on embedded defaults
+#   make test  -- set up, then run the test suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TASK   ?= safe-pendulum
+PRESET ?= demo
+
+.PHONY: setup run test test-fast lint bench bench-env lock clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# The lock (requirements/lock.txt) is complete, so it is installed without re-resolving.
+# torch is installed on its own: `torch==2.13.0` takes the CPU wheel where one lies on disk
+# (pip's find-links), and the build for the local platform elsewhere.
+$(VENV)/.installed: $(BIN)/python pyproject.toml requirements/lock.txt
+	$(BIN)/python -m pip install -q --upgrade "pip>=24" "uv==0.13.9"
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -r requirements/lock.txt
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/arl pipeline run --task $(TASK) --preset $(PRESET)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check arl_models arl_cli tasks flows tests benchmarks
+	$(BIN)/mypy arl_models
+
+# Peer libraries (d3rlpy) pin their own ranges: they get an environment of their own.
+bench-env: setup
+	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -q "torch==2.13.0" -e ".[bench]"
+
+bench: bench-env
+	.venv-bench/bin/python benchmarks/bench_offline_throughput.py
+
+# Regenerate the lock after changing requirements/lock.in (about 6 s).
+lock:
+	$(BIN)/uv pip compile requirements/lock.in --python-version 3.11 -o requirements/lock.txt --no-header
+
+clean:
+	rm -rf $(VENV) .venv-bench .pytest_cache
