@@ -1,0 +1,262 @@
+"""The dataset format: one transition per row in Parquet, plus a small JSON sidecar.
+
+A dataset is a directory::
+
+    PATH/
+      transitions.parquet   obs, action, reward, cost, next_obs, terminated, truncated,
+                            episode_id, step, env_version, policy_hash, random_seed, timestamp
+      dataset.json          task, env spec, reference scores, quality label, row count
+
+``obs``/``next_obs``/``action`` are fixed-size float32 lists, so a million rows convert to
+contiguous ``(N, dim)`` arrays without a Python loop. Every row carries the data-version
+metadata (``env_version`` semver, ``policy_hash`` hex, ``random_seed`` uint32, ``timestamp``
+ISO-8601 UTC). Writes go to a temporary directory beside the target and are renamed into
+place, so a crash never leaves a half-written dataset under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TRANSITIONS_FILE = "transitions.parquet"
+SIDECAR_FILE = "dataset.json"
+FORMAT_VERSION = 1
+
+VECTOR_COLUMNS = ("obs", "action", "next_obs")
+SCALAR_COLUMNS: dict[str, pa.DataType] = {
+    "reward": pa.float32(),
+    "cost": pa.float32(),
+    "terminated": pa.bool_(),
+    "truncated": pa.bool_(),
+    "episode_id": pa.int64(),
+    "step": pa.int32(),
+}
+METADATA_COLUMNS: dict[str, pa.DataType] = {
+    "env_version": pa.string(),
+    "policy_hash": pa.string(),
+    "random_seed": pa.int64(),
+    "timestamp": pa.string(),
+}
+COLUMNS = (*VECTOR_COLUMNS, *SCALAR_COLUMNS, *METADATA_COLUMNS)
+
+
+class DatasetError(ValueError):
+    """A dataset file that does not satisfy the format; the message names file, column and problem."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """The JSON sidecar: what the rows alone cannot say."""
+
+    task: str
+    """Registered task name (``safe-pendulum``), or ``gym:<env id>`` for an unregistered env."""
+    env_id: str
+    env_version: str
+    obs_dim: int
+    action_dim: int
+    action_low: list[float]
+    action_high: list[float]
+    quality: str
+    """``random``, ``medium``, ``expert``, ``medium-replay``, ``medium-expert`` or ``imported``."""
+    ref_random_return: float | None = None
+    ref_expert_return: float | None = None
+    cost_budget: float | None = None
+    num_transitions: int = 0
+    num_episodes: int = 0
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def normalized_score(self, ret: float) -> float:
+        """D4RL-style normalised score: 0 = random, 100 = expert."""
+        if self.ref_random_return is None or self.ref_expert_return is None:
+            raise ValueError(f"dataset of task {self.task!r} has no reference scores")
+        span = self.ref_expert_return - self.ref_random_return
+        return 100.0 * (ret - self.ref_random_return) / span
+
+
+@dataclass
+class Transitions:
+    """Contiguous arrays of a dataset, one row per transition."""
+
+    obs: np.ndarray  # (N, O) float32
+    action: np.ndarray  # (N, A) float32
+    reward: np.ndarray  # (N,) float32
+    cost: np.ndarray  # (N,) float32
+    next_obs: np.ndarray  # (N, O) float32
+    terminated: np.ndarray  # (N,) bool
+    truncated: np.ndarray  # (N,) bool
+    episode_id: np.ndarray  # (N,) int64
+    step: np.ndarray  # (N,) int32
+    env_version: np.ndarray  # (N,) object (str)
+    policy_hash: np.ndarray  # (N,) object (str)
+    random_seed: np.ndarray  # (N,) int64
+    timestamp: np.ndarray  # (N,) object (str)
+
+    def __len__(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def done(self) -> np.ndarray:
+        """End of an episode, whether by termination or time limit."""
+        return self.terminated | self.truncated
+
+    def episode_returns(self) -> np.ndarray:
+        """Undiscounted return of each episode, in episode order."""
+        _, idx = np.unique(self.episode_id, return_inverse=True)
+        return np.bincount(idx, weights=self.reward.astype(np.float64))
+
+    def episode_costs(self) -> np.ndarray:
+        _, idx = np.unique(self.episode_id, return_inverse=True)
+        return np.bincount(idx, weights=self.cost.astype(np.float64))
+
+    def select(self, mask_or_idx: np.ndarray) -> Transitions:
+        return Transitions(**{k: v[mask_or_idx] for k, v in self.__dict__.items()})
+
+    @staticmethod
+    def concat(parts: list[Transitions]) -> Transitions:
+        keys = parts[0].__dict__.keys()
+        return Transitions(**{k: np.concatenate([p.__dict__[k] for p in parts]) for k in keys})
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def with_metadata(
+    n: int, *, env_version: str, policy_hash: str, random_seed: int, timestamp: str | None = None
+) -> dict[str, np.ndarray]:
+    """Per-row metadata columns for ``n`` rows produced under one data version."""
+    ts = timestamp or utc_now_iso()
+    return {
+        "env_version": np.full(n, env_version, dtype=object),
+        "policy_hash": np.full(n, policy_hash, dtype=object),
+        "random_seed": np.full(n, int(random_seed), dtype=np.int64),
+        "timestamp": np.full(n, ts, dtype=object),
+    }
+
+
+def _vector_column(name: str, arr: np.ndarray) -> pa.FixedSizeListArray:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.ndim != 2:
+        raise DatasetError(f"column {name!r}: expected a 2-D array (rows, dim), got shape {arr.shape}")
+    flat = pa.array(arr.reshape(-1), type=pa.float32())
+    return pa.FixedSizeListArray.from_arrays(flat, arr.shape[1])
+
+
+def to_table(t: Transitions) -> pa.Table:
+    n = len(t)
+    cols: dict[str, pa.Array] = {}
+    for name in VECTOR_COLUMNS:
+        cols[name] = _vector_column(name, getattr(t, name))
+    for name, typ in (*SCALAR_COLUMNS.items(), *METADATA_COLUMNS.items()):
+        arr = np.asarray(getattr(t, name))
+        if arr.shape != (n,):
+            raise DatasetError(f"column {name!r}: expected shape ({n},), got {arr.shape}")
+        cols[name] = pa.array(arr, type=typ)
+    return pa.table(cols)
+
+
+def write_dataset(path: str | Path, transitions: Transitions, info: DatasetInfo) -> Path:
+    """Write atomically: build everything in a temporary sibling directory, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = to_table(transitions)
+    n_eps = int(np.unique(transitions.episode_id).size)
+    info = DatasetInfo(**{**asdict(info), "num_transitions": len(transitions), "num_episodes": n_eps})
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        pq.write_table(table, tmp / TRANSITIONS_FILE, compression="zstd")
+        (tmp / SIDECAR_FILE).write_text(json.dumps(asdict(info), indent=2) + "\n")
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``; an existing ``dst`` is swapped out first and removed only afterwards."""
+    if not dst.exists():
+        os.rename(src, dst)
+        return
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    os.rename(dst, old)
+    try:
+        os.rename(src, dst)
+    except BaseException:
+        os.rename(old, dst)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_info(path: str | Path) -> DatasetInfo:
+    path = Path(path)
+    sidecar = path / SIDECAR_FILE
+    if not sidecar.is_file():
+        raise DatasetError(f"{path}: not a dataset directory (missing {SIDECAR_FILE})")
+    try:
+        raw = json.loads(sidecar.read_text())
+        return DatasetInfo(**raw)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise DatasetError(f"{sidecar}: malformed sidecar: {e}") from e
+
+
+def read_table(path: str | Path) -> pa.Table:
+    path = Path(path)
+    f = path / TRANSITIONS_FILE
+    if not f.is_file():
+        raise DatasetError(f"{path}: missing {TRANSITIONS_FILE}")
+    return pq.read_table(f)
+
+
+def read_dataset(path: str | Path) -> tuple[Transitions, DatasetInfo]:
+    """Read a dataset into contiguous arrays, checking schema and shapes against the sidecar."""
+    path = Path(path)
+    info = read_info(path)
+    table = read_table(path)
+    return table_to_transitions(table, info, source=str(path / TRANSITIONS_FILE)), info
+
+
+def table_to_transitions(table: pa.Table, info: DatasetInfo, source: str = "<table>") -> Transitions:
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise DatasetError(f"{source}: missing column(s) {missing}")
+    n = table.num_rows
+    out: dict[str, np.ndarray] = {}
+    dims = {"obs": info.obs_dim, "next_obs": info.obs_dim, "action": info.action_dim}
+    for name in VECTOR_COLUMNS:
+        col = table.column(name).combine_chunks()
+        typ = col.type
+        if not (pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ)):
+            raise DatasetError(f"{source}: column {name!r} must be a list of floats, got {typ}")
+        if col.null_count:
+            raise DatasetError(f"{source}: column {name!r} has {col.null_count} null row(s)")
+        flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        if flat.size != n * dims[name]:
+            raise DatasetError(
+                f"{source}: column {name!r} has {flat.size} values for {n} rows; "
+                f"expected dimension {dims[name]} per row (from {SIDECAR_FILE})"
+            )
+        out[name] = flat.reshape(n, dims[name])
+    for name, typ in (*SCALAR_COLUMNS.items(), *METADATA_COLUMNS.items()):
+        col = table.column(name).combine_chunks()
+        if col.null_count:
+            raise DatasetError(f"{source}: column {name!r} has {col.null_count} null value(s)")
+        try:
+            col = col.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise DatasetError(f"{source}: column {name!r} has type {col.type}, expected {typ}: {e}") from e
+        out[name] = col.to_numpy(zero_copy_only=False)
+    return Transitions(**out)

@@ -1,0 +1,146 @@
+"""The task registry: a task is a gymnasium environment, a cost function, a budget and a version.
+
+Tasks are named ``safe-hopper`` or, for a specific dynamics variant, ``safe-hopper@1.1.0``. The
+``env_version`` is semantic: a variant with changed dynamics (mass, friction, actuator strength)
+bumps the minor version; the base task is ``1.0.0``. Any gymnasium id can be used as a task with a
+user-supplied cost function through :func:`register_task`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from arl_models.envs.safety import AngularSpeedCost, CostFn, SafetyWrapper, VelocityCost
+
+DEFAULT_COST_BUDGET = 25.0
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    """Multipliers applied to the simulator after construction (1.0 leaves it unchanged)."""
+
+    mass: float = 1.0
+    friction: float = 1.0
+    actuator: float = 1.0
+
+    def is_default(self) -> bool:
+        return self == Dynamics()
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    env_id: str
+    cost_fn: CostFn
+    env_version: str = "1.0.0"
+    cost_budget: float = DEFAULT_COST_BUDGET
+    """Budget on the undiscounted cost of one episode."""
+    dynamics: Dynamics = Dynamics()
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.env_version}"
+
+
+_REGISTRY: dict[str, dict[str, TaskSpec]] = {}
+
+
+def register_task(spec: TaskSpec, *, overwrite: bool = False) -> TaskSpec:
+    versions = _REGISTRY.setdefault(spec.name, {})
+    if spec.env_version in versions and not overwrite:
+        raise ValueError(f"task {spec.key} is already registered")
+    versions[spec.env_version] = spec
+    return spec
+
+
+def task_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def task_versions(name: str) -> list[str]:
+    return sorted(_REGISTRY[name], key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def get_task(task: str, env_version: str | None = None) -> TaskSpec:
+    """Look up ``name`` or ``name@version``; without a version, the base version ``1.0.0``."""
+    name, _, at_version = task.partition("@")
+    version = env_version or at_version or "1.0.0"
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown task {name!r}; registered: {', '.join(task_names())}")
+    if version not in _REGISTRY[name]:
+        raise KeyError(f"task {name!r} has no env_version {version!r}; known: {task_versions(name)}")
+    return _REGISTRY[name][version]
+
+
+def _apply_dynamics(env: gym.Env, d: Dynamics) -> None:
+    base = env.unwrapped
+    if d.is_default():
+        return
+    model = getattr(base, "model", None)
+    if model is not None:  # MuJoCo
+        model.body_mass[:] = model.body_mass * d.mass
+        model.geom_friction[:, 0] = model.geom_friction[:, 0] * d.friction
+        model.actuator_gear[:, 0] = model.actuator_gear[:, 0] * d.actuator
+    elif hasattr(base, "max_torque"):  # classic-control Pendulum
+        base.m = base.m * d.mass
+        base.max_torque = base.max_torque * d.actuator
+        if d.friction != 1.0:
+            raise ValueError("Pendulum has no friction to scale")
+    else:
+        raise ValueError(f"cannot change the dynamics of {env.spec.id if env.spec else base}")
+
+
+def make_env(
+    task: str | TaskSpec,
+    *,
+    risk_penalty: float | None = None,
+    risk_threshold: float = 0.8,
+    **gym_kwargs: Any,
+) -> gym.Env:
+    """Create the task's environment with its dynamics and a :class:`SafetyWrapper`."""
+    spec = get_task(task) if isinstance(task, str) else task
+    env = gym.make(spec.env_id, **{**spec.env_kwargs, **gym_kwargs})
+    _apply_dynamics(env, spec.dynamics)
+    return SafetyWrapper(env, spec.cost_fn, risk_threshold=risk_threshold, risk_penalty=risk_penalty)
+
+
+def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, int]:
+    """``(obs_dim, action_dim, action_low, action_high, max_episode_steps)`` of a task."""
+    env = make_env(task)
+    try:
+        assert env.observation_space.shape is not None and env.action_space.shape is not None
+        low = np.asarray(env.action_space.low, dtype=np.float32)
+        high = np.asarray(env.action_space.high, dtype=np.float32)
+        horizon = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000
+        return env.observation_space.shape[0], env.action_space.shape[0], low, high, horizon
+    finally:
+        env.close()
+
+
+def _register_builtin() -> None:
+    # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
+    builtin = [
+        ("safe-pendulum", "Pendulum-v1", AngularSpeedCost(threshold=4.0), "Pendulum swing-up; cost when |theta_dot| > 4 rad/s"),
+        ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402), "Hopper; cost when forward velocity > 0.7402 m/s"),
+        ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
+    ]
+    # Dynamics variants for continual learning: each changes what the best policy does.
+    variants = {
+        "1.1.0": Dynamics(mass=1.5),
+        "1.2.0": Dynamics(actuator=0.6),
+    }
+    mujoco_extra = {"1.3.0": Dynamics(friction=0.4)}
+    for name, env_id, cost_fn, desc in builtin:
+        register_task(TaskSpec(name, env_id, cost_fn, description=desc))
+        extra = mujoco_extra if env_id != "Pendulum-v1" else {}
+        for version, dyn in {**variants, **extra}.items():
+            register_task(TaskSpec(name, env_id, cost_fn, env_version=version, dynamics=dyn, description=f"{desc}; {dyn}"))
+
+
+_register_builtin()
