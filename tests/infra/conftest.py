@@ -7,19 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from infra_support import FAKE_TF_OUTPUTS
 
 from arl_cli.infra import INFRA_DIR, render
-
-# The Kubernetes version the manifests are validated against: the cluster's
-# default (terraform/variables.tf), bundled by kubernetes-validate.
-K8S_VERSION = "1.33.0"
-
-FAKE_TF_OUTPUTS = {
-    "ecr_repository_url": {"value": "111122223333.dkr.ecr.us-east-1.amazonaws.com/arl"},
-    "db_address": {"value": "arl-postgres.abcdefghijkl.us-east-1.rds.amazonaws.com"},
-    "db_port": {"value": 5432},
-    "db_master_secret_arn": {"value": "arn:aws:secretsmanager:us-east-1:111122223333:secret:rds!db-x"},
-}
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +24,3 @@ def rendered(tmp_path_factory) -> Path:
     outputs.write_text(json.dumps(FAKE_TF_OUTPUTS))
     render(INFRA_DIR / "settings.example.yaml", out, outputs)
     return out
-
-
-def load_all(path: Path) -> list[dict]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]

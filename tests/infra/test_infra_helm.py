@@ -1,0 +1,137 @@
+"""Helm values checked against schemas derived by hand from each chart's documented keys.
+
+How honest this is: no chart is downloaded and `helm template` does not run here
+(no network, no helm binary). The schemas below list only the keys these values set,
+copied from the charts' values.yaml documentation (prefect-helm prefect-server and
+prefect-worker, community-charts mlflow, kubernetes autoscaler cluster-autoscaler,
+kuberay-operator), with additionalProperties false where we set keys, so a
+misspelt or misplaced key fails. They cannot tell whether a chart version renamed a key.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+import yaml
+
+
+def obj(required=(), **props):
+    return {"type": "object", "properties": props, "required": list(required), "additionalProperties": False}
+
+
+ANY_MAP = {"type": "object"}
+STR = {"type": "string", "minLength": 1}
+NODE_SELECTOR = obj(["arl.dev/node-pool"], **{"arl.dev/node-pool": {"const": "system"}})
+RESOURCES = obj(requests=ANY_MAP, limits=ANY_MAP)
+PREFECT_IMAGE = obj(["repository", "prefectTag"], repository=STR, prefectTag=STR, pullPolicy=STR)
+
+SCHEMAS = {
+    "prefect-server.yaml": obj(
+        ["server", "postgresql", "secret"],
+        server=obj(["image"], image=PREFECT_IMAGE, nodeSelector=NODE_SELECTOR, resources=RESOURCES),
+        postgresql=obj(["enabled"], enabled={"const": False}),
+        secret=obj(["create", "name"], create={"const": False}, name=STR),
+    ),
+    "prefect-worker.yaml": obj(
+        ["worker", "serviceAccount"],
+        worker=obj(
+            ["image", "apiConfig", "serverApiConfig", "config"],
+            image=PREFECT_IMAGE,
+            clusterUid=STR,
+            apiConfig={"enum": ["server"]},
+            serverApiConfig=obj(["apiUrl"], apiUrl={"type": "string", "pattern": r"^http://.+:4200/api$"}),
+            config=obj(["workPool", "type"], workPool=STR, type={"const": "kubernetes"}, installPolicy=STR),
+            nodeSelector=NODE_SELECTOR,
+            resources=RESOURCES,
+        ),
+        serviceAccount=obj(["create", "name"], create={"type": "boolean"}, name=STR),
+        role=obj(create={"type": "boolean"}),
+        rolebinding=obj(create={"type": "boolean"}),
+    ),
+    "mlflow.yaml": obj(
+        ["backendStore", "artifactRoot", "extraArgs"],
+        serviceAccount=obj(create={"type": "boolean"}, name=STR),
+        nodeSelector=NODE_SELECTOR,
+        backendStore=obj(
+            ["postgres", "existingDatabaseSecret"],
+            databaseMigration={"type": "boolean"},
+            databaseConnectionCheck={"type": "boolean"},
+            postgres=obj(["enabled", "host", "port", "database"], enabled={"const": True}, host=STR,
+                         port={"type": "integer"}, database={"const": "mlflow"}),
+            existingDatabaseSecret=obj(["name"], name=STR, usernameKey=STR, passwordKey=STR),
+        ),
+        artifactRoot=obj(
+            ["s3"],
+            proxiedArtifactStorage={"type": "boolean"},
+            s3=obj(["enabled", "bucket"], enabled={"const": True}, bucket=STR, path={"type": "string"}),
+        ),
+        extraArgs=obj(["allowedHosts"], allowedHosts=STR),
+        extraEnvVars=ANY_MAP,
+        resources=RESOURCES,
+    ),
+    "cluster-autoscaler.yaml": obj(
+        ["autoDiscovery", "awsRegion"],
+        autoDiscovery=obj(["clusterName"], clusterName=STR),
+        awsRegion=STR,
+        rbac=obj(serviceAccount=obj(create={"type": "boolean"}, name={"const": "cluster-autoscaler"})),
+        extraArgs=ANY_MAP,
+        nodeSelector=NODE_SELECTOR,
+    ),
+    "kuberay-operator.yaml": obj(nodeSelector=NODE_SELECTOR, resources=RESOURCES),
+}
+
+
+def _schema_for(name: str) -> dict:
+    return SCHEMAS["prefect-worker.yaml" if name.startswith("prefect-worker-") else name]
+
+
+def test_every_values_file_has_a_schema(rendered):
+    names = sorted(p.name for p in (rendered / "helm").glob("*.yaml"))
+    assert names and all(_schema_for(n) for n in names)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["prefect-server.yaml", "prefect-worker-gpu.yaml", "prefect-worker-epyc.yaml", "mlflow.yaml",
+     "cluster-autoscaler.yaml", "kuberay-operator.yaml"],
+)
+def test_values_match_the_chart_keys(rendered, name):
+    values = yaml.safe_load((rendered / "helm" / name).read_text())
+    jsonschema.validate(values, _schema_for(name))
+
+
+def test_a_misplaced_key_is_caught(rendered):
+    values = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())
+    values["backendStore"]["postgres"]["existingDatabaseSecret"] = values["backendStore"].pop("existingDatabaseSecret")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(values, SCHEMAS["mlflow.yaml"])
+
+
+def test_workers_poll_the_two_pools(rendered, settings):
+    pools = {yaml.safe_load((rendered / f"helm/prefect-worker-{p}.yaml").read_text())["worker"]["config"]["workPool"]
+             for p in ("gpu", "epyc")}
+    assert pools == {settings["gpu_pool"]["name"], settings["epyc_pool"]["name"]}
+
+
+def test_mlflow_allowed_hosts_cover_the_in_cluster_name(rendered, settings):
+    hosts = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())["extraArgs"]["allowedHosts"].split(",")
+    assert f"mlflow.{settings['namespace']}.svc.cluster.local:5000" in hosts
+
+
+SECRET_PATTERNS = [
+    re.compile(r"AKIA[0-9A-Z]{16}"),  # AWS access key id
+    re.compile(r"(?i)(password|secret_?key|api_?key|token)\s*[:=]\s*['\"]?[A-Za-z0-9/+]{8,}"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+]
+
+
+def test_no_credentials_in_infra_files():
+    from arl_cli.infra import INFRA_DIR
+
+    for path in INFRA_DIR.rglob("*"):
+        if path.is_file() and ".rendered" not in path.parts and path.suffix in {".tf", ".yaml", ".json", ".md", ".sh"}:
+            text = path.read_text()
+            for pattern in SECRET_PATTERNS:
+                assert not pattern.search(text), (path, pattern.pattern)
