@@ -35,7 +35,8 @@ SCHEMAS = {
         secret=obj(["create", "name"], create={"const": False}, name=STR),
     ),
     "prefect-worker.yaml": obj(
-        ["worker", "serviceAccount"],
+        ["fullnameOverride", "worker", "serviceAccount"],
+        fullnameOverride={"type": "string", "pattern": "^prefect-worker-(gpu|epyc)$"},
         worker=obj(
             ["image", "apiConfig", "serverApiConfig", "config"],
             image=PREFECT_IMAGE,
