@@ -105,7 +105,7 @@ def validation_frame(table: pa.Table, info: DatasetInfo) -> pd.DataFrame:
     cols["truncated"] = _flag(table, "truncated", n)
     ep, step = _numeric(table, "episode_id", n), _numeric(table, "step", n)
     cols["episode_id"], cols["step"] = ep, step
-    done = (cols["terminated"].fillna(False).astype(bool) | cols["truncated"].fillna(False).astype(bool))
+    done = cols["terminated"].fillna(False).astype(bool) | cols["truncated"].fillna(False).astype(bool)
     cols.update(_episode_columns(ep, step, done.to_numpy()))
     return pd.DataFrame(cols)
 

@@ -48,8 +48,10 @@ class ExpectationOutcome:
         if self.error:
             return f"{self.suite}: {self.expectation}{where} raised: {self.error}"
         rows = f" at rows {self.example_rows}" if self.example_rows else ""
-        return (f"{self.suite}: {self.expectation}{where}: {self.unexpected_count} unexpected, "
-                f"e.g. {self.examples}{rows}")
+        return (
+            f"{self.suite}: {self.expectation}{where}: {self.unexpected_count} unexpected, "
+            f"e.g. {self.examples}{rows}"
+        )
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,10 @@ def _add_docs_site(context: Any, data_docs_dir: Path) -> str:
         site_name=site,
         site_config={
             "class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": str(data_docs_dir.resolve())},
+            "store_backend": {
+                "class_name": "TupleFilesystemStoreBackend",
+                "base_directory": str(data_docs_dir.resolve()),
+            },
             "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
         },
     )
@@ -127,20 +131,37 @@ def _checkpoint(context: Any, action_dim: int, data_docs_dir: Path | None) -> An
 
     from expectations import build_suite
 
-    batch = (context.data_sources.add_pandas("arl").add_dataframe_asset("transitions")
-             .add_batch_definition_whole_dataframe("all_rows"))
+    batch = (
+        context.data_sources.add_pandas("arl")
+        .add_dataframe_asset("transitions")
+        .add_batch_definition_whole_dataframe("all_rows")
+    )
     definitions = []
     for name in SUITES:
         suite = context.suites.add(build_suite(name, action_dim=action_dim))
-        definitions.append(context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"arl_{name}", data=batch, suite=suite)))
+        definitions.append(
+            context.validation_definitions.add(
+                gx.ValidationDefinition(name=f"arl_{name}", data=batch, suite=suite)
+            )
+        )
     actions = []
     if data_docs_dir is not None:
-        actions.append(UpdateDataDocsAction(name="data_docs", site_names=[_add_docs_site(context, data_docs_dir)]))
-    result_format = {"result_format": "SUMMARY", "partial_unexpected_count": MAX_EXAMPLES,
-                     "unexpected_index_column_names": list(INDEX_COLUMNS)}
-    return context.checkpoints.add(gx.Checkpoint(
-        name="arl_dataset", validation_definitions=definitions, actions=actions, result_format=result_format))
+        actions.append(
+            UpdateDataDocsAction(name="data_docs", site_names=[_add_docs_site(context, data_docs_dir)])
+        )
+    result_format = {
+        "result_format": "SUMMARY",
+        "partial_unexpected_count": MAX_EXAMPLES,
+        "unexpected_index_column_names": list(INDEX_COLUMNS),
+    }
+    return context.checkpoints.add(
+        gx.Checkpoint(
+            name="arl_dataset",
+            validation_definitions=definitions,
+            actions=actions,
+            result_format=result_format,
+        )
+    )
 
 
 def validate_dataset_dir(path: str | Path, *, data_docs_dir: str | Path | None = None) -> ValidationReport:
@@ -169,7 +190,10 @@ def validate_dataset_dir(path: str | Path, *, data_docs_dir: str | Path | None =
         outcomes += [_outcome(suite, r) for r in vr.results]
     index = docs / "index.html" if docs is not None else None
     return ValidationReport(
-        path=str(path), success=bool(run.success), results=outcomes, num_rows=table.num_rows,
+        path=str(path),
+        success=bool(run.success),
+        results=outcomes,
+        num_rows=table.num_rows,
         seconds=time.perf_counter() - t0,
         data_docs=str(index) if index is not None and index.is_file() else None,
     )
@@ -191,5 +215,10 @@ def validate_dataset(path: str, data_docs_dir: str | None = None) -> dict[str, A
         logger.error(report.summary())
         raise DataValidationError(report)
     logger.info("%s (%.1f s)", report.summary(), report.seconds)
-    return {"path": report.path, "num_rows": report.num_rows, "expectations": len(report.results),
-            "data_docs": report.data_docs, "validated": True}
+    return {
+        "path": report.path,
+        "num_rows": report.num_rows,
+        "expectations": len(report.results),
+        "data_docs": report.data_docs,
+        "validated": True,
+    }

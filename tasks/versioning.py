@@ -127,9 +127,7 @@ def _dvc_file_hash_text(text: str) -> str:
     return str(yaml.safe_load(text)["outs"][0]["md5"])
 
 
-def pull_dataset(
-    repo_dir: str | Path, path: str, rev_or_hash: str, *, out: str | Path | None = None
-) -> Path:
+def pull_dataset(repo_dir: str | Path, path: str, rev_or_hash: str, *, out: str | Path | None = None) -> Path:
     """Fetch the exact version (a git rev or a DVC hash) of ``path`` from the remote into ``out``.
 
     The working tree is left alone. Without ``out`` the copy goes to ``.dvc/tmp/pulled/<hash>/`` (ignored
@@ -157,15 +155,20 @@ def emit_dataset_pushed(version: DataVersion) -> Any:
 
     return emit_event(
         event=EVENT_PUSHED,
-        resource={"prefect.resource.id": f"arl.dataset.{version.md5}", "prefect.resource.name": version.path,
-                  "arl.dataset.path": version.path, "arl.dataset.md5": version.md5},
+        resource={
+            "prefect.resource.id": f"arl.dataset.{version.md5}",
+            "prefect.resource.name": version.path,
+            "arl.dataset.path": version.path,
+            "arl.dataset.md5": version.md5,
+        },
         payload=version.as_dict(),
     )
 
 
 @task(name="version_dataset", retries=2, retry_delay_seconds=5)
-def version_dataset_task(path: str, repo_dir: str, remote: str | None = None,
-                         endpoint_url: str | None = None) -> dict[str, str]:
+def version_dataset_task(
+    path: str, repo_dir: str, remote: str | None = None, endpoint_url: str | None = None
+) -> dict[str, str]:
     """Prefect task: version and push the dataset, emit ``arl.dataset.pushed``; returns the version."""
     version = version_dataset(path, repo_dir, remote=remote, endpoint_url=endpoint_url)
     emit_dataset_pushed(version)

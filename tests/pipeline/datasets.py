@@ -33,11 +33,21 @@ def make_transitions(n_episodes: int = 4, ep_len: int = 25, seed: int = 0) -> Tr
 
 def make_info() -> DatasetInfo:
     return DatasetInfo(
-        task="safe-pendulum", env_id="Pendulum-v1", env_version="1.0.0", obs_dim=OBS_DIM,
-        action_dim=ACT_DIM, action_low=[-1.0] * ACT_DIM, action_high=[1.0] * ACT_DIM, quality="random",
-        ref_random_return=-1200.0, ref_expert_return=-150.0, cost_budget=5.0,
+        task="safe-pendulum",
+        env_id="Pendulum-v1",
+        env_version="1.0.0",
+        obs_dim=OBS_DIM,
+        action_dim=ACT_DIM,
+        action_low=[-1.0] * ACT_DIM,
+        action_high=[1.0] * ACT_DIM,
+        quality="random",
+        ref_random_return=-1200.0,
+        ref_expert_return=-150.0,
+        cost_budget=5.0,
     )
 
 
 def make_dataset(path: Path, transitions: Transitions | None = None, **kw: int) -> Path:
-    return write_dataset(path, transitions if transitions is not None else make_transitions(**kw), make_info())
+    return write_dataset(
+        path, transitions if transitions is not None else make_transitions(**kw), make_info()
+    )

@@ -41,28 +41,52 @@ def _break(field: str, fn: Callable[[np.ndarray], None]) -> Callable[[Transition
     return lambda t: fn(getattr(t, field))
 
 
-REGEX, BETWEEN, IN_SET = ("expect_column_values_to_match_regex", "expect_column_values_to_be_between",
-                          "expect_column_values_to_be_in_set")
+REGEX, BETWEEN, IN_SET = (
+    "expect_column_values_to_match_regex",
+    "expect_column_values_to_be_between",
+    "expect_column_values_to_be_in_set",
+)
 
 BROKEN = {
-    "env_version not semver": (_break("env_version", lambda a: a.__setitem__(5, "1.0")), REGEX, "env_version"),
-    "policy_hash not hex": (_break("policy_hash", lambda a: a.__setitem__(7, "XYZ123456")), REGEX, "policy_hash"),
+    "env_version not semver": (
+        _break("env_version", lambda a: a.__setitem__(5, "1.0")),
+        REGEX,
+        "env_version",
+    ),
+    "policy_hash not hex": (
+        _break("policy_hash", lambda a: a.__setitem__(7, "XYZ123456")),
+        REGEX,
+        "policy_hash",
+    ),
     "policy_hash too short": (_break("policy_hash", lambda a: a.__setitem__(7, "abc")), REGEX, "policy_hash"),
     "seed negative": (_break("random_seed", lambda a: a.__setitem__(0, -1)), BETWEEN, "random_seed"),
     "seed above uint32": (_break("random_seed", lambda a: a.__setitem__(0, 2**32)), BETWEEN, "random_seed"),
-    "timestamp not UTC": (_break("timestamp", lambda a: a.__setitem__(3, "2026-01-02T03:04:05+02:00")),
-                          REGEX, "timestamp"),
-    "timestamp in the future": (_break("timestamp", lambda a: a.__setitem__(3, "2999-01-01T00:00:00Z")),
-                                BETWEEN, "timestamp_epoch_s"),
-    "timestamp not a date": (_break("timestamp", lambda a: a.__setitem__(3, "2026-13-45T00:00:00Z")),
-                             "expect_column_values_to_not_be_null", "timestamp_epoch_s"),
+    "timestamp not UTC": (
+        _break("timestamp", lambda a: a.__setitem__(3, "2026-01-02T03:04:05+02:00")),
+        REGEX,
+        "timestamp",
+    ),
+    "timestamp in the future": (
+        _break("timestamp", lambda a: a.__setitem__(3, "2999-01-01T00:00:00Z")),
+        BETWEEN,
+        "timestamp_epoch_s",
+    ),
+    "timestamp not a date": (
+        _break("timestamp", lambda a: a.__setitem__(3, "2026-13-45T00:00:00Z")),
+        "expect_column_values_to_not_be_null",
+        "timestamp_epoch_s",
+    ),
     "obs NaN": (_break("obs", lambda a: a.__setitem__((4, 1), np.nan)), IN_SET, "obs_finite"),
     "next_obs inf": (_break("next_obs", lambda a: a.__setitem__((4, 0), np.inf)), IN_SET, "next_obs_finite"),
     "reward NaN": (_break("reward", lambda a: a.__setitem__(9, np.nan)), IN_SET, "reward_finite"),
     "cost inf": (_break("cost", lambda a: a.__setitem__(9, -np.inf)), IN_SET, "cost_finite"),
     "action above bound": (_break("action", lambda a: a.__setitem__((2, 1), 1.5)), BETWEEN, "action_1"),
     "action below bound": (_break("action", lambda a: a.__setitem__((2, 0), -3.0)), BETWEEN, "action_0"),
-    "step skips": (_break("step", lambda a: a.__setitem__(slice(30, 50), a[30:50] + 1)), IN_SET, "step_delta"),
+    "step skips": (
+        _break("step", lambda a: a.__setitem__(slice(30, 50), a[30:50] + 1)),
+        IN_SET,
+        "step_delta",
+    ),
     "done mid-episode": (_break("terminated", lambda a: a.__setitem__(10, True)), IN_SET, "done_before_end"),
 }
 
@@ -78,7 +102,9 @@ def test_each_broken_property_fails_with_its_expectation(case: str, tmp_path: Pa
 def test_action_nan_is_not_finite(tmp_path: Path) -> None:
     t = make_transitions()
     t.action[6, 0] = np.nan
-    assert ("expect_column_values_to_be_in_set", "action_finite") in _failures(make_dataset(tmp_path / "d", t))
+    assert ("expect_column_values_to_be_in_set", "action_finite") in _failures(
+        make_dataset(tmp_path / "d", t)
+    )
 
 
 def test_episodes_not_contiguous(tmp_path: Path) -> None:
