@@ -15,7 +15,7 @@ import json
 import re
 import string
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -28,7 +28,9 @@ PENDING = "pending-terraform-output-"
 
 class _Template(string.Template):
     # Only ${a.b.c} and $$: bare $NAME (shell, Ray commands) stays as it is.
-    pattern = r"""\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_.]*)\}|(?P<named>(?!))|(?P<invalid>(?!)))"""
+    pattern = (
+        r"""\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_.]*)\}|(?P<named>(?!))|(?P<invalid>(?!)))"""
+    )
 
 
 class _Context(dict):
@@ -157,13 +159,16 @@ def _infra() -> None:
 
 @app.command("render")
 def render_cmd(
-    settings: Path = typer.Option(
-        INFRA_DIR / "settings.example.yaml", "--settings", help="Settings file (see infra/settings.example.yaml)."
-    ),
-    out: Path = typer.Option(Path("infra/.rendered"), "--out", help="Output directory."),
-    terraform_outputs: Path | None = typer.Option(
-        None, "--terraform-outputs", help="`terraform output -json` saved to a file (after terraform apply)."
-    ),
+    settings: Annotated[
+        Path, typer.Option("--settings", help="Settings file (see infra/settings.example.yaml).")
+    ] = INFRA_DIR / "settings.example.yaml",
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")] = Path("infra/.rendered"),
+    terraform_outputs: Annotated[
+        Path | None,
+        typer.Option(
+            "--terraform-outputs", help="`terraform output -json` saved to a file (after terraform apply)."
+        ),
+    ] = None,
 ) -> None:
     """Fill every template in infra/ from one settings file."""
     written = render(settings, out, terraform_outputs)

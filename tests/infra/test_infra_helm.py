@@ -59,8 +59,13 @@ SCHEMAS = {
             ["postgres", "existingDatabaseSecret"],
             databaseMigration={"type": "boolean"},
             databaseConnectionCheck={"type": "boolean"},
-            postgres=obj(["enabled", "host", "port", "database"], enabled={"const": True}, host=STR,
-                         port={"type": "integer"}, database={"const": "mlflow"}),
+            postgres=obj(
+                ["enabled", "host", "port", "database"],
+                enabled={"const": True},
+                host=STR,
+                port={"type": "integer"},
+                database={"const": "mlflow"},
+            ),
             existingDatabaseSecret=obj(["name"], name=STR, usernameKey=STR, passwordKey=STR),
         ),
         artifactRoot=obj(
@@ -95,8 +100,14 @@ def test_every_values_file_has_a_schema(rendered):
 
 @pytest.mark.parametrize(
     "name",
-    ["prefect-server.yaml", "prefect-worker-gpu.yaml", "prefect-worker-epyc.yaml", "mlflow.yaml",
-     "cluster-autoscaler.yaml", "kuberay-operator.yaml"],
+    [
+        "prefect-server.yaml",
+        "prefect-worker-gpu.yaml",
+        "prefect-worker-epyc.yaml",
+        "mlflow.yaml",
+        "cluster-autoscaler.yaml",
+        "kuberay-operator.yaml",
+    ],
 )
 def test_values_match_the_chart_keys(rendered, name):
     values = yaml.safe_load((rendered / "helm" / name).read_text())
@@ -105,19 +116,27 @@ def test_values_match_the_chart_keys(rendered, name):
 
 def test_a_misplaced_key_is_caught(rendered):
     values = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())
-    values["backendStore"]["postgres"]["existingDatabaseSecret"] = values["backendStore"].pop("existingDatabaseSecret")
+    values["backendStore"]["postgres"]["existingDatabaseSecret"] = values["backendStore"].pop(
+        "existingDatabaseSecret"
+    )
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(values, SCHEMAS["mlflow.yaml"])
 
 
 def test_workers_poll_the_two_pools(rendered, settings):
-    pools = {yaml.safe_load((rendered / f"helm/prefect-worker-{p}.yaml").read_text())["worker"]["config"]["workPool"]
-             for p in ("gpu", "epyc")}
+    pools = {
+        yaml.safe_load((rendered / f"helm/prefect-worker-{p}.yaml").read_text())["worker"]["config"][
+            "workPool"
+        ]
+        for p in ("gpu", "epyc")
+    }
     assert pools == {settings["gpu_pool"]["name"], settings["epyc_pool"]["name"]}
 
 
 def test_mlflow_allowed_hosts_cover_the_in_cluster_name(rendered, settings):
-    hosts = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())["extraArgs"]["allowedHosts"].split(",")
+    hosts = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())["extraArgs"]["allowedHosts"].split(
+        ","
+    )
     assert f"mlflow.{settings['namespace']}.svc.cluster.local:5000" in hosts
 
 
@@ -132,7 +151,11 @@ def test_no_credentials_in_infra_files():
     from arl_cli.infra import INFRA_DIR
 
     for path in INFRA_DIR.rglob("*"):
-        if path.is_file() and ".rendered" not in path.parts and path.suffix in {".tf", ".yaml", ".json", ".md", ".sh"}:
+        if (
+            path.is_file()
+            and ".rendered" not in path.parts
+            and path.suffix in {".tf", ".yaml", ".json", ".md", ".sh"}
+        ):
             text = path.read_text()
             for pattern in SECRET_PATTERNS:
                 assert not pattern.search(text), (path, pattern.pattern)

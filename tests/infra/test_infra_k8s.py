@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
+from infra_support import K8S_VERSION, load_all
 
 from arl_cli.infra import INFRA_DIR
-from infra_support import K8S_VERSION, load_all
 
 MANIFESTS = sorted((INFRA_DIR / "k8s").glob("*.yaml"))
 
@@ -33,7 +33,7 @@ def test_there_are_manifests(rendered):
 
 
 def test_every_manifest_validates_against_kubernetes_schemas(rendered):
-    for name, doc in _docs(rendered):
+    for _name, doc in _docs(rendered):
         if doc["kind"] == "RayCluster":
             continue  # a CRD: its pod templates are validated below as core PodTemplates
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -43,7 +43,12 @@ def test_raycluster_pod_templates_validate_as_core_pod_templates(rendered):
     ray = next(d for _, d in _docs(rendered) if d["kind"] == "RayCluster")
     assert ray["apiVersion"] == "ray.io/v1"
     for i, template in enumerate(_pod_specs(ray)):
-        wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"ray-{i}"}, "template": template}
+        wrapped = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"ray-{i}"},
+            "template": template,
+        }
         kubernetes_validate.validate(wrapped, K8S_VERSION, strict=True)
     for group in ray["spec"]["workerGroupSpecs"]:
         assert group["template"]["spec"]["nodeSelector"] == {"arl.dev/node-pool": "cpu-epyc"}
@@ -51,7 +56,12 @@ def test_raycluster_pod_templates_validate_as_core_pod_templates(rendered):
 
 
 def test_validation_can_fail():
-    bad = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"}, "automountServiceAccountToken": "no"}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "x"},
+        "automountServiceAccountToken": "no",
+    }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 

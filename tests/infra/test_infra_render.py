@@ -50,7 +50,9 @@ def test_unknown_placeholder_is_an_error(tmp_path):
 
 
 def test_cli_render_writes_the_tree_and_names_pending_outputs(tmp_path):
-    result = CliRunner().invoke(app, ["render", "--settings", str(INFRA_DIR / "settings.example.yaml"), "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["render", "--settings", str(INFRA_DIR / "settings.example.yaml"), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "prefect/work-pools/gpu-a100.json").is_file()
     assert (tmp_path / "terraform/terraform.tfvars.json").is_file()

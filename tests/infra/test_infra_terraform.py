@@ -60,7 +60,9 @@ def test_every_tf_file_parses(path):
 
 @pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform not installed")
 def test_terraform_fmt_check():
-    proc = subprocess.run(["terraform", "fmt", "-check", "-recursive", str(TF_DIR)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["terraform", "fmt", "-check", "-recursive", str(TF_DIR)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -97,9 +99,16 @@ def test_buckets_are_encrypted_versioned_private():
         "aws_s3_bucket_public_access_block",
         "aws_s3_bucket_policy",
     } <= kinds
-    pab = next(r["aws_s3_bucket_public_access_block"] for r in storage["resource"] if "aws_s3_bucket_public_access_block" in r)
+    pab = next(
+        r["aws_s3_bucket_public_access_block"]
+        for r in storage["resource"]
+        if "aws_s3_bucket_public_access_block" in r
+    )
     flags = next(iter(pab.values()))
-    assert all(flags[k] is True for k in ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets"))
+    assert all(
+        flags[k] is True
+        for k in ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets")
+    )
 
 
 def test_database_is_private_encrypted_and_has_no_password_in_code():

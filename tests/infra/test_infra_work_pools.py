@@ -133,7 +133,9 @@ def test_cluster_deployments_use_the_pools_and_valid_job_variables(rendered, set
         assert path.startswith("flows/") and path.endswith(".py") and func
         pool = by_pool_name[dep["work_pool"]["name"]]
         job_vars = dep["work_pool"]["job_variables"]
-        validate(job_vars, pools[pool]["variables"], raise_on_error=True, preprocess=True, ignore_required=True)
+        validate(
+            job_vars, pools[pool]["variables"], raise_on_error=True, preprocess=True, ignore_required=True
+        )
         _job(pools[pool], {**FLOW_RUN_VALUES, **job_vars})
         placement[func] = pool
     assert placement == {
