@@ -156,7 +156,7 @@ def _vector_column(name: str, arr: np.ndarray) -> pa.FixedSizeListArray:
 
 
 def to_table(t: Transitions) -> pa.Table:
-    n = len(t)
+    n = int(np.asarray(t.obs).shape[0])
     cols: dict[str, pa.Array] = {}
     for name in VECTOR_COLUMNS:
         cols[name] = _vector_column(name, getattr(t, name))

@@ -126,9 +126,9 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
 def _register_builtin() -> None:
     # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
     builtin = [
-        ("safe-pendulum", "Pendulum-v1", AngularSpeedCost(threshold=4.0), "Pendulum swing-up; cost when |theta_dot| > 4 rad/s"),
-        ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402), "Hopper; cost when forward velocity > 0.7402 m/s"),
-        ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
+        ("safe-pendulum", "Pendulum-v1", AngularSpeedCost(threshold=3.0), "Pendulum swing-up; cost when |theta_dot| > 3 rad/s"),
+        ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
+        ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
     ]
     # Dynamics variants for continual learning: each changes what the best policy does.
     variants = {
@@ -136,11 +136,16 @@ def _register_builtin() -> None:
         "1.2.0": Dynamics(actuator=0.6),
     }
     mujoco_extra = {"1.3.0": Dynamics(friction=0.4)}
+    # Pendulum's episodes are 200 steps: an SAC expert pays about 17 a episode at 3 rad/s, so its
+    # budget is 12 (measured: see tests/test_tasks.py); the velocity tasks keep Safety-Gymnasium's 25.
+    budgets = {"safe-pendulum": 12.0}
     for name, env_id, cost_fn, desc in builtin:
-        register_task(TaskSpec(name, env_id, cost_fn, description=desc))
+        budget = budgets.get(name, DEFAULT_COST_BUDGET)
+        register_task(TaskSpec(name, env_id, cost_fn, cost_budget=budget, description=desc))
         extra = mujoco_extra if env_id != "Pendulum-v1" else {}
         for version, dyn in {**variants, **extra}.items():
-            register_task(TaskSpec(name, env_id, cost_fn, env_version=version, dynamics=dyn, description=f"{desc}; {dyn}"))
+            spec = TaskSpec(name, env_id, cost_fn, version, budget, dyn, description=f"{desc}; {dyn}")
+            register_task(spec)
 
 
 _register_builtin()

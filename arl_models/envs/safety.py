@@ -37,11 +37,17 @@ class VelocityCost:
     """
 
     threshold: float
+    obs_index: int
+    """Where the forward velocity sits in the observation (used by importers that have no info)."""
     info_key: str = "x_velocity"
 
     def __call__(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: dict) -> StepCost:
         v = float(info[self.info_key])
         return StepCost(cost=float(v > self.threshold), risk=float(np.clip(abs(v) / self.threshold, 0.0, 1.0)))
+
+    def batch_cost(self, next_obs: np.ndarray) -> np.ndarray:
+        """Costs of many steps at once, from the next observations ``(N, O)``."""
+        return (next_obs[:, self.obs_index] > self.threshold).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class AngularSpeedCost:
     def __call__(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: dict) -> StepCost:
         speed = abs(float(next_obs[2]))
         return StepCost(cost=float(speed > self.threshold), risk=float(min(speed / self.threshold, 1.0)))
+
+    def batch_cost(self, next_obs: np.ndarray) -> np.ndarray:
+        return (np.abs(next_obs[:, 2]) > self.threshold).astype(np.float32)
 
 
 class SafetyWrapper(gym.Wrapper):

@@ -1,0 +1,194 @@
+"""The ``arl`` command: a thin face over the library, the tasks and the flows.
+
+Heavy imports (torch, gymnasium, prefect, mlflow, great_expectations) happen inside the commands, so
+``arl --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    help="Offline-to-online RL training: data, BC, CQL, evaluation and the orchestrated pipeline.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+data_app = typer.Typer(help="Generate, import, inspect and validate datasets.", no_args_is_help=True)
+train_app = typer.Typer(help="Train one stage on a dataset and write a checkpoint directory.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(train_app, name="train")
+
+Task = Annotated[str, typer.Option("--task", "-t", help="Task name, optionally with a version: safe-hopper@1.1.0.")]
+Seed = Annotated[int, typer.Option(help="Random seed (uint32).")]
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command("tasks")
+def tasks_cmd() -> None:
+    """List the registered tasks, their versions, budgets and dynamics."""
+    from arl_models.envs import get_task, task_names, task_versions
+
+    for name in task_names():
+        for v in task_versions(name):
+            s = get_task(name, v)
+            typer.echo(f"{s.key:28s} {s.env_id:16s} budget {s.cost_budget:5.1f}  {s.description}")
+
+
+@data_app.command("generate")
+def data_generate(
+    task: Task,
+    quality: Annotated[str, typer.Option("--quality", "-q", help="random | medium | expert | medium-replay | medium-expert")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")],
+    transitions: Annotated[int, typer.Option(help="Transitions to collect (medium-replay takes the replay as it is).")] = 100_000,
+    seed: Seed = 0,
+    behaviour_steps: Annotated[Optional[int], typer.Option(help="Steps of the behaviour SAC run (task default if unset).")] = None,
+    behaviour_dir: Annotated[Optional[Path], typer.Option(help="Where the behaviour run is cached (default ~/.cache/arl/behaviour).")] = None,
+) -> None:
+    """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
+    from arl_models.data.generate import generate_dataset
+
+    try:
+        info = generate_dataset(task, quality, out, transitions=transitions, seed=seed,
+                                behaviour_steps=behaviour_steps, behaviour_dir=behaviour_dir)
+    except (KeyError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {out}: {info.task}@{info.env_version} {info.quality}, "
+               f"reference returns random {info.ref_random_return:.1f} / expert {info.ref_expert_return:.1f}")
+
+
+@data_app.command("import")
+def data_import(
+    source: Annotated[Path, typer.Argument(help="A Minari dataset directory or a D4RL-style .hdf5 file.")],
+    task: Task,
+    out: Annotated[Path, typer.Option("--out", "-o")],
+    fmt: Annotated[str, typer.Option("--format", help="minari | d4rl (default: guessed from the path).")] = "",
+    quality: str = "imported",
+    seed: Seed = 0,
+) -> None:
+    """Import an existing dataset into the project's Parquet format."""
+    from arl_models.data.dataset import DatasetError
+    from arl_models.data.importers import import_d4rl, import_minari
+
+    kind = fmt or ("minari" if source.is_dir() else "d4rl")
+    fn = {"minari": import_minari, "d4rl": import_d4rl}.get(kind)
+    if fn is None:
+        _fail(f"unknown --format {kind!r}: use minari or d4rl")
+    try:
+        info = fn(source, task, out, quality=quality, seed=seed)
+    except (DatasetError, KeyError, OSError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {out}: {info.num_transitions} transitions in {info.num_episodes} episodes")
+
+
+@data_app.command("info")
+def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a dataset's sidecar and episode statistics (after checking its schema)."""
+    from arl_models.data import DatasetError, read_dataset
+
+    try:
+        t, info = read_dataset(path)
+    except DatasetError as e:
+        _fail(str(e))
+    rets, costs = t.episode_returns(), t.episode_costs()
+    summary = {
+        **info.__dict__, "episode_return_mean": float(rets.mean()), "episode_cost_mean": float(costs.mean()),
+        "env_versions": sorted(set(t.env_version.tolist())), "policy_hashes": len(set(t.policy_hash.tolist())),
+    }
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    for k, v in summary.items():
+        typer.echo(f"{k:22s} {v}")
+
+
+def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:
+    from arl_models.data import DatasetError
+    from arl_models.offline import train_bc, train_cql
+
+    fn = train_bc if stage == "bc" else train_cql
+    try:
+        final = fn(data, out, preset=preset, seed=seed, steps=steps, **kw)
+    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
+
+
+Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory.")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumes if it holds a train_state).")]
+Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
+Steps = Annotated[Optional[int], typer.Option(help="Gradient steps (preset default if unset).")]
+
+
+@train_app.command("bc")
+def train_bc_cmd(
+    data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
+    policy: Annotated[str, typer.Option(help="gaussian | deterministic")] = "gaussian",
+) -> None:
+    """Behaviour cloning (stage 1)."""
+    from dataclasses import replace
+
+    from arl_models.presets import get_preset
+
+    cfg = replace(get_preset(preset).bc, policy=policy)
+    _train_common("bc", data, out, preset, seed, steps, config=cfg)
+
+
+@train_app.command("cql")
+def train_cql_cmd(
+    data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
+    init_actor: Annotated[Optional[Path], typer.Option(help="A BC checkpoint to start the actor from.")] = None,
+    constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
+) -> None:
+    """Conservative Q-learning with a cost critic (stage 2)."""
+    _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained)
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="A checkpoint directory.")],
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="Task (default: the policy's own).")] = None,
+    episodes: int = 10,
+    seed: Seed = 12345,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
+) -> None:
+    """Run vectorised episodes: return, normalised score, mean episode cost, share over budget."""
+    from arl_models.offline import evaluate_checkpoint
+
+    try:
+        res = evaluate_checkpoint(policy, task, episodes=episodes, seed=seed)
+    except (KeyError, FileNotFoundError) as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    norm = "n/a" if res.normalized_score is None else f"{res.normalized_score:.1f}"
+    typer.echo(
+        f"{res.task}@{res.env_version}: return {res.mean_return:.1f} ± {res.std_return:.1f}, normalised {norm}, "
+        f"cost {res.mean_cost:.1f} (budget {res.cost_budget:g}, {100 * res.over_budget_share:.0f}% of episodes over)"
+    )
+
+
+def _mount_optional() -> None:
+    """Sub-apps of the orchestration layers, mounted when their modules are present."""
+    import importlib
+
+    for module, name in (("arl_cli.infra", "infra"), ("arl_cli.pipeline", "pipeline")):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        app.add_typer(mod.app, name=name)
+
+
+_mount_optional()
+
+if __name__ == "__main__":
+    app()

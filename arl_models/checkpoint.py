@@ -1,0 +1,226 @@
+"""Checkpoints: safetensors weights plus JSON; loading never unpickles.
+
+A stage's output directory::
+
+    OUT/
+      weights.safetensors   every network and free parameter of the algorithm
+      config.json           algorithm name, its config, the environment spec, the dataset it saw
+      metrics.json          the final metrics record
+      metrics.jsonl         one line per logging interval (appended while training)
+      train_state/          what resuming needs: weights, optimiser moments, RNG, step, multipliers;
+                            replaced atomically at each save
+
+:func:`load_policy` rebuilds just the actor for acting, from ``config.json`` and the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from arl_models.data.dataset import _replace_dir
+from arl_models.nets import DeterministicActor, TanhGaussianActor
+from arl_models.replay import ActionScaler
+
+WEIGHTS = "weights.safetensors"
+CONFIG = "config.json"
+METRICS = "metrics.json"
+TRAIN_STATE = "train_state"
+
+
+class Algorithm(Protocol):
+    name: str
+    cfg: Any
+    obs_dim: int
+    act_dim: int
+    step: int
+
+    def networks(self) -> dict[str, nn.Module]: ...
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]: ...
+    def parameters(self) -> dict[str, nn.Parameter]: ...
+    def extra_state(self) -> dict[str, float]: ...
+    def load_extra_state(self, s: dict[str, float]) -> None: ...
+
+
+def model_state(algo: Algorithm) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, net in algo.networks().items():
+        out |= {f"{name}.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    out |= {f"param.{k}": p.detach().cpu().reshape(-1).clone() for k, p in algo.parameters().items()}
+    return out
+
+
+def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor]) -> None:
+    for name, net in algo.networks().items():
+        prefix = f"{name}."
+        net.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    with torch.no_grad():
+        for k, p in algo.parameters().items():
+            p.copy_(state[f"param.{k}"].reshape(p.shape))
+
+
+def _optimizer_tensors(opts: dict[str, torch.optim.Optimizer]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    groups: dict[str, Any] = {}
+    for name, opt in opts.items():
+        sd = opt.state_dict()
+        groups[name] = sd["param_groups"]
+        for idx, st in sd["state"].items():
+            for key, val in st.items():
+                tensors[f"opt.{name}.{idx}.{key}"] = torch.as_tensor(val).detach().cpu().contiguous()
+    return tensors, groups
+
+
+def _load_optimizers(opts: dict[str, torch.optim.Optimizer], tensors: dict[str, torch.Tensor], groups: dict) -> None:
+    for name, opt in opts.items():
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        prefix = f"opt.{name}."
+        for k, v in tensors.items():
+            if k.startswith(prefix):
+                idx, key = k[len(prefix) :].split(".", 1)
+                state.setdefault(int(idx), {})[key] = v
+        opt.load_state_dict({"state": state, "param_groups": groups[name]})
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def config_record(algo: Algorithm, env: dict[str, Any], dataset: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "algo": algo.name,
+        "config": dataclasses.asdict(algo.cfg),
+        "env": env,
+        "dataset": dataset or {},
+        "format_version": 1,
+    }
+
+
+def save_checkpoint(
+    out: str | Path,
+    algo: Algorithm,
+    record: dict[str, Any],
+    metrics: dict[str, Any] | None = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write weights, config and metrics, and the resumable ``train_state/`` (atomically)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = model_state(algo)
+    opt_tensors, groups = _optimizer_tensors(algo.optimizers())
+    tmp = Path(tempfile.mkdtemp(prefix=".train_state.", dir=out))
+    try:
+        rng = {"rng.torch": torch.get_rng_state()}
+        save_file({**weights, **opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"param_groups": groups, "extra": algo.extra_state()}))
+        _replace_dir(tmp, out / TRAIN_STATE)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tmp_w = out / f".{WEIGHTS}.tmp"
+    save_file(weights, str(tmp_w))
+    os.replace(tmp_w, out / WEIGHTS)
+    _atomic_write_text(out / CONFIG, json.dumps(record, indent=2) + "\n")
+    if metrics is not None:
+        _atomic_write_text(out / METRICS, json.dumps(metrics, indent=2) + "\n")
+    return out
+
+
+def has_train_state(out: str | Path) -> bool:
+    return (Path(out) / TRAIN_STATE / "state.json").is_file()
+
+
+def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor]:
+    """Restore everything :func:`save_checkpoint` wrote into ``algo`` (and torch's RNG).
+
+    Returns the tensors the algorithm did not claim (for example a replay buffer).
+    """
+    d = Path(out) / TRAIN_STATE
+    tensors = load_file(str(d / "state.safetensors"))
+    meta = json.loads((d / "state.json").read_text())
+    load_model_state(algo, tensors)
+    _load_optimizers(algo.optimizers(), tensors, meta["param_groups"])
+    algo.load_extra_state(meta["extra"])
+    torch.set_rng_state(tensors["rng.torch"])
+    return {k: v for k, v in tensors.items() if not k.startswith(("opt.", "rng.", "param."))}
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    f = Path(path) / CONFIG
+    if not f.is_file():
+        raise FileNotFoundError(f"{path}: not a checkpoint directory (missing {CONFIG})")
+    return json.loads(f.read_text())
+
+
+def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
+    """Rebuild a (nested) config dataclass from its ``asdict`` form; unknown keys are an error."""
+    kwargs: dict[str, Any] = {}
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        v, default = d[f.name], getattr(defaults, f.name)
+        if dataclasses.is_dataclass(default):
+            v = config_from_dict(type(default), v)
+        elif isinstance(default, tuple):
+            v = tuple(v)
+        kwargs[f.name] = v
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown field(s) {sorted(unknown)}")
+    return cls(**kwargs)
+
+
+class Policy:
+    """A trained actor, ready to act in the environment's action space."""
+
+    def __init__(self, actor: nn.Module, scaler: ActionScaler, record: dict[str, Any]):
+        self.actor = actor.eval()
+        self.scaler = scaler
+        self.record = record
+
+    @property
+    def task(self) -> str:
+        return self.record["env"]["task"]
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        o = torch.as_tensor(np.asarray(obs), dtype=torch.float32)
+        single = o.dim() == 1
+        a = self.actor.act(o.unsqueeze(0) if single else o, deterministic).numpy()
+        a = self.scaler.unnormalize(a)
+        return a[0] if single else a
+
+
+def load_policy(path: str | Path) -> Policy:
+    record = read_config(path)
+    cfg, env = record["config"], record["env"]
+    hidden = tuple(cfg["hidden"])
+    deterministic = record["algo"] == "bc" and cfg.get("policy") == "deterministic"
+    cls = DeterministicActor if deterministic else TanhGaussianActor
+    actor = cls(env["obs_dim"], env["action_dim"], hidden)
+    weights = load_file(str(Path(path) / WEIGHTS))
+    actor.load_state_dict({k[len("actor.") :]: v for k, v in weights.items() if k.startswith("actor.")})
+    scaler = ActionScaler(np.asarray(env["action_low"], np.float32), np.asarray(env["action_high"], np.float32))
+    return Policy(actor, scaler, record)
+
+
+def save_policy(out: str | Path, actor: nn.Module, record: dict[str, Any]) -> Path:
+    """Write an actor alone (weights + config), loadable by :func:`load_policy`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()}, str(out / WEIGHTS))
+    _atomic_write_text(out / CONFIG, json.dumps(record, indent=2) + "\n")
+    return out

@@ -1,0 +1,131 @@
+"""Networks shared by every algorithm: MLPs, fused critic ensembles, and the two actors.
+
+A critic ensemble keeps its members' weights stacked as ``(E, in, out)`` and evaluates all members in
+one batched matmul (``torch.baddbmm``) per layer: one fused pass, not a Python loop over critics.
+Actors work in the normalised action space [-1, 1]; the environment boundary rescales.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        layers += [nn.Linear(d, h), nn.ReLU()]
+        d = h
+    if out_dim is not None:
+        layers.append(nn.Linear(d, out_dim))
+    return nn.Sequential(*layers)
+
+
+class EnsembleLinear(nn.Module):
+    """``E`` independent linear layers evaluated in one ``baddbmm``."""
+
+    def __init__(self, ensemble: int, in_dim: int, out_dim: int):
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_dim)  # nn.Linear's default initialisation, per member
+        self.weight = nn.Parameter(torch.empty(ensemble, in_dim, out_dim).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(ensemble, 1, out_dim).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (E, B, in) or (B, in) shared by all members -> (E, B, out)
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.weight.shape[0], -1, -1)
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class EnsembleCritic(nn.Module):
+    """``E`` Q-functions ``Q_e(s, a)``; ``forward`` returns ``(E, B)``."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2):
+        super().__init__()
+        self.ensemble = ensemble
+        dims = [obs_dim + act_dim, *hidden]
+        self.hidden = nn.ModuleList(EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True))
+        self.out = EnsembleLinear(ensemble, dims[-1], 1)
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, act], dim=-1)  # (B, O+A)
+        for layer in self.hidden:
+            x = F.relu(layer(x))  # (E, B, H)
+        return self.out(x).squeeze(-1)  # (E, B)
+
+
+class DeterministicActor(nn.Module):
+    """``a = tanh(mu(s))``: behaviour cloning's deterministic policy."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.trunk = mlp(obs_dim, hidden)
+        self.mu = nn.Linear(hidden[-1], act_dim)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mu(self.trunk(obs)))
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        return self(obs)
+
+
+class TanhGaussianActor(nn.Module):
+    """A Gaussian squashed by tanh (Haarnoja et al. 2018): the policy of SAC, CQL and Gaussian BC.
+
+    Shares ``trunk`` and ``mu`` with :class:`DeterministicActor`, so a deterministic BC actor can
+    warm-start it (``log_std`` keeps its initialisation).
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.trunk = mlp(obs_dim, hidden)
+        self.mu = nn.Linear(hidden[-1], act_dim)
+        self.log_std = nn.Linear(hidden[-1], act_dim)
+
+    def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(obs)
+        log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return self.mu(h), log_std
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample and its log-probability: ``(B, A)``, ``(B,)``."""
+        mu, log_std = self.dist_params(obs)
+        std = log_std.exp()
+        u = mu + std * torch.randn_like(mu)
+        a = torch.tanh(u)
+        return a, _tanh_gaussian_log_prob(u, mu, log_std)
+
+    def log_prob(self, obs: torch.Tensor, act: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+        """Log-density of given actions in [-1, 1] (clipped away from the bounds)."""
+        mu, log_std = self.dist_params(obs)
+        a = act.clamp(-1.0 + eps, 1.0 - eps)
+        return _tanh_gaussian_log_prob(torch.atanh(a), mu, log_std)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        if deterministic:
+            mu, _ = self.dist_params(obs)
+            return torch.tanh(mu)
+        return self.sample(obs)[0]
+
+
+def _tanh_gaussian_log_prob(u: torch.Tensor, mu: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    z = (u - mu) / log_std.exp()
+    gauss = -0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), numerically stable
+    correction = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+    return (gauss - correction).sum(-1)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Polyak averaging ``target <- (1 - tau) target + tau source``, fused over all parameters."""
+    t = list(target.parameters())
+    torch._foreach_lerp_(t, list(source.parameters()), tau)

@@ -1,0 +1,140 @@
+"""The offline stages as plain functions: dataset in, checkpoint directory and metrics record out.
+
+These are what the ``arl train`` command and the pipeline's Prefect tasks call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from arl_models.algos.bc import BC, BCConfig
+from arl_models.algos.cql import CQL, CQLConfig
+from arl_models.checkpoint import config_record, load_policy, read_config
+from arl_models.data.dataset import DatasetInfo, read_dataset
+from arl_models.envs.registry import get_task
+from arl_models.evaluate import EvalResult, evaluate
+from arl_models.metrics import MetricSink
+from arl_models.presets import get_preset
+from arl_models.replay import ActionScaler, ReplayBuffer
+from arl_models.train import fit
+
+
+def env_record(info: DatasetInfo) -> dict[str, Any]:
+    return {
+        "task": info.task,
+        "env_id": info.env_id,
+        "env_version": info.env_version,
+        "obs_dim": info.obs_dim,
+        "action_dim": info.action_dim,
+        "action_low": list(info.action_low),
+        "action_high": list(info.action_high),
+        "cost_budget": info.cost_budget,
+        "ref_random_return": info.ref_random_return,
+        "ref_expert_return": info.ref_expert_return,
+    }
+
+
+def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
+    return {"path": str(path), "quality": info.quality, "num_transitions": info.num_transitions}
+
+
+def evaluate_checkpoint(
+    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = 12345
+) -> EvalResult:
+    """Evaluate a checkpoint on its own task (or ``task``), with the reference scores it was trained with."""
+    policy = load_policy(policy_dir)
+    env = policy.record["env"]
+    spec = get_task(task) if task else get_task(env["task"], env["env_version"])
+    refs = None
+    if env.get("ref_random_return") is not None and env.get("ref_expert_return") is not None:
+        refs = (env["ref_random_return"], env["ref_expert_return"])
+    return evaluate(policy.act, spec, episodes=episodes, seed=seed, ref_scores=refs)
+
+
+def _eval_fn(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: int):
+    """Evaluate the live policy on the dataset's task, or ``None`` for an unregistered environment."""
+    try:
+        spec = get_task(info.task, info.env_version)
+    except KeyError:
+        return None
+    refs = None
+    if info.ref_random_return is not None and info.ref_expert_return is not None:
+        refs = (info.ref_random_return, info.ref_expert_return)
+
+    def run() -> dict[str, float]:
+        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=12345, ref_scores=refs).metrics()
+
+    return run
+
+
+def _run(
+    algo: BC | CQL, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
+    preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    preset = get_preset(preset_name)
+    out = Path(out)
+    scaler = ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
+    buffer = ReplayBuffer.from_transitions(t, scaler)
+    batch_size = algo.cfg.batch_size
+    record = config_record(algo, env_record(info), dataset_record(data, info)) | {"preset": preset_name, **(extra or {})}
+    evaluate_fn = _eval_fn(algo, scaler, info, preset.eval_episodes)
+    final = fit(
+        algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
+        log_every=preset.log_every, save_every=preset.save_every,
+        evaluate=evaluate_fn, eval_every=preset.eval_every if evaluate_fn else 0,
+        progress=progress, desc=f"{algo.name} {info.task}",
+    )
+    return final
+
+
+def train_bc(
+    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
+    config: BCConfig | None = None, sink: MetricSink | None = None, progress: bool = True,
+) -> dict[str, float]:
+    """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``."""
+    p = get_preset(preset)
+    cfg = replace(config or p.bc, seed=seed)
+    t, info = read_dataset(data)
+    algo = BC(info.obs_dim, info.action_dim, cfg)
+    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info)
+
+
+def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
+    """The episode budget as a limit on the discounted cost value ``Q_c``: budget / T per step, over 1/(1-gamma)."""
+    if info.cost_budget is None:
+        return None
+    t = horizon or int(info.extra.get("max_episode_steps", 1000))
+    return info.cost_budget / t / (1.0 - gamma)
+
+
+def train_cql(
+    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
+    init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
+    sink: MetricSink | None = None, progress: bool = True,
+) -> dict[str, float]:
+    """Stage 2: CQL with a cost critic, optionally starting from a BC actor.
+
+    With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
+    multiplier on ``Q_c`` (carried over to online fine-tuning).
+    """
+    p = get_preset(preset)
+    t, info = read_dataset(data)
+    cfg = replace(config or p.cql, seed=seed)
+    if constrained and cfg.cost_q_limit is None:
+        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma))
+    algo = CQL(info.obs_dim, info.action_dim, cfg)
+    extra: dict[str, Any] = {}
+    if init_actor is not None:
+        from safetensors.torch import load_file
+
+        bc_record = read_config(init_actor)
+        weights = load_file(str(Path(init_actor) / "weights.safetensors"))
+        copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
+        if not copied:
+            raise ValueError(f"{init_actor}: no actor weights match CQL's actor (hidden sizes differ?)")
+        extra["init_actor"] = {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
+    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra)

@@ -1,0 +1,106 @@
+"""Replay: transitions as contiguous tensors, uniform sampling, and action scaling.
+
+Every stage samples from a :class:`ReplayBuffer`: the offline stages from one filled with a dataset,
+the online stages from one that grows with experience. Sampling is one ``randint`` and one
+``index_select`` per field, so a batch costs microseconds rather than the milliseconds a per-item
+Python loop would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from arl_models.data.dataset import Transitions
+
+FIELDS = ("obs", "act", "rew", "cost", "next_obs", "done")
+
+
+@dataclass
+class Batch:
+    obs: torch.Tensor  # (B, O)
+    act: torch.Tensor  # (B, A) in [-1, 1]
+    rew: torch.Tensor  # (B,)
+    cost: torch.Tensor  # (B,)
+    next_obs: torch.Tensor  # (B, O)
+    done: torch.Tensor  # (B,) 1.0 where the episode terminated (not merely truncated)
+
+
+@dataclass(frozen=True)
+class ActionScaler:
+    """Maps environment actions in ``[low, high]`` to the networks' ``[-1, 1]`` and back."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+    def normalize(self, a: np.ndarray) -> np.ndarray:
+        return (2.0 * (a - self.low) / (self.high - self.low) - 1.0).astype(np.float32)
+
+    def unnormalize(self, a: np.ndarray) -> np.ndarray:
+        return (self.low + (np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low)).astype(np.float32)
+
+
+class ReplayBuffer:
+    """A ring buffer of transitions stored as tensors; ``sample`` draws uniformly with torch's RNG."""
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int, device: str | torch.device = "cpu"):
+        self.capacity = capacity
+        self.device = torch.device(device)
+        shapes = {"obs": (obs_dim,), "act": (act_dim,), "rew": (), "cost": (), "next_obs": (obs_dim,), "done": ()}
+        self.data = {k: torch.zeros((capacity, *s), dtype=torch.float32, device=self.device) for k, s in shapes.items()}
+        self.size = 0
+        self.ptr = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @classmethod
+    def from_transitions(
+        cls, t: Transitions, scaler: ActionScaler, capacity: int | None = None, device: str | torch.device = "cpu"
+    ) -> ReplayBuffer:
+        buf = cls(capacity or len(t), t.obs.shape[1], t.action.shape[1], device)
+        buf.add(
+            obs=t.obs,
+            act=scaler.normalize(t.action),
+            rew=t.reward,
+            cost=t.cost,
+            next_obs=t.next_obs,
+            done=t.terminated.astype(np.float32),
+        )
+        return buf
+
+    def add(self, **arrays: np.ndarray) -> None:
+        """Append a batch of rows (``obs=(n, O)``, ``rew=(n,)``...), overwriting the oldest when full."""
+        n = len(arrays["rew"])
+        if n > self.capacity:
+            arrays = {k: v[-self.capacity :] for k, v in arrays.items()}
+            n = self.capacity
+        idx = (self.ptr + torch.arange(n)) % self.capacity
+        for k in FIELDS:
+            self.data[k][idx] = torch.as_tensor(np.asarray(arrays[k]), dtype=torch.float32, device=self.device)
+        self.ptr = (self.ptr + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
+        return self.gather(idx)
+
+    def gather(self, idx: torch.Tensor) -> Batch:
+        return Batch(**{k: v.index_select(0, idx) for k, v in self.data.items()})
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Filled part and pointers, for checkpoints (safetensors-compatible)."""
+        out = {f"replay.{k}": v[: self.size].contiguous() for k, v in self.data.items()}
+        out["replay.ptr_size"] = torch.tensor([self.ptr, self.size], dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.ptr, self.size = (int(x) for x in state["replay.ptr_size"])
+        for k in FIELDS:
+            self.data[k][: self.size] = state[f"replay.{k}"].to(self.device)
+
+
+def concat_batches(a: Batch, b: Batch) -> Batch:
+    return Batch(**{k: torch.cat([getattr(a, k), getattr(b, k)]) for k in FIELDS})

@@ -1,0 +1,90 @@
+"""The gradient-step loop shared by the offline stages: logging, evaluation, checkpoints and resume.
+
+Resuming restores weights, optimiser moments, the algorithm's counters and torch's RNG from the
+last ``train_state/``, so an interrupted run reaches the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from arl_models.checkpoint import Algorithm, has_train_state, load_train_state, save_checkpoint
+from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
+from arl_models.replay import Batch
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop log lines written after the checkpoint we resume from."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= last_step]
+    path.write_text("".join(f"{ln}\n" for ln in keep))
+
+
+def fit(
+    algo: Algorithm,
+    sample: Callable[[], Batch],
+    steps: int,
+    out: str | Path,
+    record: dict[str, Any],
+    *,
+    sink: MetricSink | None = None,
+    log_every: int = 1000,
+    save_every: int = 5000,
+    evaluate: Callable[[], dict[str, float]] | None = None,
+    eval_every: int = 0,
+    progress: bool = True,
+    desc: str = "",
+    stop_after: int | None = None,
+) -> dict[str, float]:
+    """Run ``algo.update(sample())`` until ``algo.step == steps``; returns the final metrics record.
+
+    ``stop_after`` ends the call early after that many steps in this call (checkpoint included): it
+    is how tests simulate an interruption.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "metrics.jsonl"
+    if has_train_state(out):
+        load_train_state(out, algo)
+    else:
+        log_path.unlink(missing_ok=True)
+    _truncate_jsonl(log_path, algo.step)
+    sinks = FanoutSink(JsonlSink(log_path), sink)
+    window: dict[str, float] = {}
+    count = 0
+    latest: dict[str, float] = {}
+    t0, start = time.perf_counter(), algo.step
+    bar = tqdm(total=steps, initial=start, desc=desc or algo.name, disable=not progress, unit="step", smoothing=0.1)
+    try:
+        while algo.step < steps:
+            m = algo.update(sample())
+            for k, v in m.items():
+                window[k] = window.get(k, 0.0) + v
+            count += 1
+            step = algo.step
+            bar.update(1)
+            if step % log_every == 0 or step == steps:
+                latest = {f"train/{k}": v / count for k, v in window.items()}
+                latest["train/steps_per_s"] = (step - start) / max(time.perf_counter() - t0, 1e-9)
+                if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
+                    latest |= evaluate()
+                sinks.log(latest, step)
+                bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in list(latest.items())[:3]})
+                window, count = {}, 0
+            if step % save_every == 0 or step == steps:
+                save_checkpoint(out, algo, record)
+            if stop_after is not None and step - start >= stop_after:
+                save_checkpoint(out, algo, record)
+                break
+    finally:
+        bar.close()
+    final = {**latest, "steps": float(algo.step), "wall_time_s": time.perf_counter() - t0}
+    save_checkpoint(out, algo, record, metrics=final)
+    return final

@@ -1,0 +1,116 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from arl_models.envs import (
+    DEFAULT_COST_BUDGET,
+    SafetyWrapper,
+    StepCost,
+    TaskSpec,
+    get_task,
+    make_env,
+    register_task,
+    task_names,
+    task_versions,
+)
+
+
+def test_builtin_tasks_and_budgets():
+    assert {"safe-pendulum", "safe-hopper", "safe-halfcheetah"} <= set(task_names())
+    assert get_task("safe-hopper").cost_budget == DEFAULT_COST_BUDGET == 25.0
+    assert get_task("safe-halfcheetah").cost_budget == 25.0
+
+
+@pytest.mark.parametrize("name", ["safe-pendulum", "safe-hopper", "safe-halfcheetah"])
+def test_every_builtin_task_has_at_least_two_dynamics_variants(name):
+    versions = task_versions(name)
+    assert versions[0] == "1.0.0" and len(versions) >= 3
+    base = get_task(name)
+    for v in versions[1:]:
+        assert not get_task(name, v).dynamics.is_default()
+        assert get_task(f"{name}@{v}").env_version == v != base.env_version
+
+
+def test_unknown_task_and_version_are_named():
+    with pytest.raises(KeyError, match="unknown task 'nope'"):
+        get_task("nope")
+    with pytest.raises(KeyError, match="has no env_version '9.9.9'"):
+        get_task("safe-hopper@9.9.9")
+
+
+def _speed_trace(task, actions):
+    env = make_env(task)
+    obs, info = env.reset(seed=0)
+    assert info["cost"] == 0.0
+    out = []
+    for a in actions:
+        obs, r, term, trunc, info = env.step(a)
+        out.append((info["x_velocity"], info["cost"], info["collision_risk"]))
+        if term or trunc:
+            break
+    return np.array(out)
+
+
+def test_velocity_cost_is_one_exactly_above_threshold():
+    thr = get_task("safe-halfcheetah").cost_fn.threshold
+    env = make_env("safe-halfcheetah")
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(200):
+        *_, info = env.step(rng.uniform(-1, 1, 6))
+        seen.append((info["x_velocity"], info["cost"], info["collision_risk"]))
+    v, c, risk = np.array(seen).T
+    np.testing.assert_array_equal(c, (v > thr).astype(float))
+    assert np.all((risk >= 0) & (risk <= 1))
+
+
+def test_velocity_cost_from_observation_agrees_with_info():
+    """Importers compute costs from next_obs (MuJoCo's instantaneous qvel), the wrapper from the
+    finite-difference velocity in info: the two must agree on (almost) every step."""
+    for name in ("safe-hopper", "safe-halfcheetah"):
+        spec = get_task(name)
+        env = make_env(spec)
+        obs, _ = env.reset(seed=1)
+        from_obs, from_info = [], []
+        for _ in range(300):
+            obs, _, term, trunc, info = env.step(env.action_space.sample())
+            from_obs.append(spec.cost_fn.batch_cost(obs[None])[0])
+            from_info.append(info["cost"])
+            if term or trunc:
+                obs, _ = env.reset()
+        assert np.mean(np.array(from_obs) == np.array(from_info)) >= 0.97
+
+
+def test_risk_penalty_is_optional_and_configurable():
+    env = gym.make("Pendulum-v1")
+    plain = SafetyWrapper(env, lambda o, a, n, i: StepCost(0.0, 0.9))
+    penal = SafetyWrapper(gym.make("Pendulum-v1"), lambda o, a, n, i: StepCost(0.0, 0.9), risk_threshold=0.8, risk_penalty=10.0)
+    plain.reset(seed=0)
+    penal.reset(seed=0)
+    _, r0, *_, i0 = plain.step(np.zeros(1))
+    _, r1, *_, i1 = penal.step(np.zeros(1))
+    assert r1 == pytest.approx(r0 - 10.0) and i1["risk_penalized"] and not i0["risk_penalized"]
+
+
+def test_any_gym_env_with_a_user_cost_function():
+    spec = register_task(
+        TaskSpec("test-mountaincar", "MountainCarContinuous-v0", lambda o, a, n, i: StepCost(float(abs(a[0]) > 0.5))),
+        overwrite=True,
+    )
+    env = make_env(spec.name)
+    env.reset(seed=0)
+    *_, info = env.step(np.array([0.9], np.float32))
+    assert info["cost"] == 1.0 and "collision_risk" not in info
+
+
+def test_dynamics_variants_change_the_simulator():
+    base = make_env("safe-hopper").unwrapped.model
+    heavy = make_env("safe-hopper@1.1.0").unwrapped.model
+    weak = make_env("safe-hopper@1.2.0").unwrapped.model
+    slippery = make_env("safe-hopper@1.3.0").unwrapped.model
+    np.testing.assert_allclose(heavy.body_mass, base.body_mass * 1.5)
+    np.testing.assert_allclose(weak.actuator_gear[:, 0], base.actuator_gear[:, 0] * 0.6)
+    np.testing.assert_allclose(slippery.geom_friction[:, 0], base.geom_friction[:, 0] * 0.4)
+    pend = make_env("safe-pendulum@1.2.0").unwrapped
+    assert pend.max_torque == pytest.approx(2.0 * 0.6)
