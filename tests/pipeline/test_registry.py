@@ -1,0 +1,122 @@
+"""The MLflow registry on SQLite: a checkpoint becomes a pyfunc version; aliases follow the gate."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks import registry, tracking
+
+pytestmark = pytest.mark.e2e  # MLflow re-enables its own "type hint" UserWarnings; they are harmless here
+GATE = {"tolerance": 1.0, "cost_budget": 5.0, "max_forgetting": 2.0}
+TRACE = {
+    "stage": "cql",
+    "dataset_hash": "ab" * 16 + ".dir",
+    "env_version": "1.0.0",
+    "policy_hash": "0123abcd",
+    "seed": 7,
+    "git_commit": "f" * 40,
+}
+
+
+class _LinearPolicy:
+    def __init__(self, w: np.ndarray):
+        self.w = w
+
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        return np.tanh(obs @ self.w)
+
+
+@pytest.fixture
+def fake_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stand-in for ``arl_models.checkpoint.load_policy``: a JSON weight matrix (tests the wiring only)."""
+    module = types.ModuleType("arl_models.checkpoint")
+    module.load_policy = lambda path: _LinearPolicy(np.array(json.loads((Path(path) / "w.json").read_text())))
+    monkeypatch.setitem(sys.modules, "arl_models.checkpoint", module)
+
+
+def _checkpoint(path: Path, scale: float) -> Path:
+    path.mkdir(parents=True)
+    (path / "w.json").write_text(json.dumps((scale * np.eye(3, 2)).tolist()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run_id(mlflow_uri: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    artifacts = tmp_path_factory.mktemp("registry-artifacts").as_uri()
+    return tracking.start_parent_run(
+        "arl-tests-registry", "pipeline", artifact_location=artifacts, tracking_uri=mlflow_uri
+    )
+
+
+def test_register_and_predict(fake_checkpoints: None, mlflow_uri: str, run_id: str, tmp_path: Path) -> None:
+    import mlflow.pyfunc
+
+    reg = registry.register_policy(
+        _checkpoint(tmp_path / "ckpt", 0.5),
+        model_name="arl-predict",
+        run_id=run_id,
+        tags=TRACE,
+        tracking_uri=mlflow_uri,
+    )
+    mv = tracking.client(mlflow_uri).get_model_version("arl-predict", reg.version)
+    assert mv.tags["arl.dataset_hash"] == TRACE["dataset_hash"] and mv.tags["arl.seed"] == "7"
+    assert mv.run_id == run_id
+    mlflow.set_tracking_uri(mlflow_uri)
+    model = mlflow.pyfunc.load_model(f"models:/arl-predict/{reg.version}")
+    obs = np.array([[1.0, 2.0, 3.0], [0.0, -1.0, 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(model.predict(obs), np.tanh(obs @ (0.5 * np.eye(3, 2))), rtol=1e-6)
+    logged = {Path(a.path).name for a in tracking.client(mlflow_uri).list_artifacts(run_id, "policy")}
+    assert "policy_pyfunc.py" in logged and not any(n.endswith((".pkl", ".cloudpickle")) for n in logged)
+
+
+def test_missing_trace_tags_are_refused(mlflow_uri: str, run_id: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="git_commit"):
+        registry.register_policy(
+            tmp_path,
+            model_name="arl-x",
+            run_id=run_id,
+            tags={**TRACE, "git_commit": ""},
+            tracking_uri=mlflow_uri,
+        )
+
+
+def test_champion_kept_when_worse_candidate_arrives(
+    fake_checkpoints: None, mlflow_uri: str, run_id: str, tmp_path: Path
+) -> None:
+    name = "arl-aliases"
+    versions = [
+        registry.register_policy(
+            _checkpoint(tmp_path / f"c{i}", i),
+            model_name=name,
+            run_id=run_id,
+            tags=TRACE,
+            tracking_uri=mlflow_uri,
+        ).version
+        for i in range(4)
+    ]
+
+    def gate(version: str, score: float, cost: float = 1.0) -> registry.Decision:
+        candidate = {"score": score, "mean_cost": cost, "data_validated": True}
+        return registry.promote(name, version, candidate, **GATE, tracking_uri=mlflow_uri)
+
+    def alias(a: str) -> str | None:
+        return registry.alias_version(name, a, tracking_uri=mlflow_uri)
+
+    assert gate(versions[0], 50.0).promote and alias("champion") == versions[0]
+    worse = gate(versions[1], 40.0)
+    assert not worse.promote and "below champion 50" in worse.reason
+    assert alias("champion") == versions[0] and alias("challenger") == versions[1]
+    unsafe = gate(versions[2], 90.0, cost=7.0)
+    assert not unsafe.promote and alias("champion") == versions[0] and alias("challenger") == versions[2]
+    assert gate(versions[3], 55.0).promote and alias("champion") == versions[3]
+    c = tracking.client(mlflow_uri)
+    tags = c.get_model_version(name, versions[1]).tags
+    assert tags["arl.promotion"] == "challenger" and "below champion" in tags["arl.promotion.reason"]
+    assert c.get_model_version(name, versions[0]).tags["arl.promotion.replaced_by"] == versions[3]
+    assert registry.gate_metrics(name, versions[3], tracking_uri=mlflow_uri)["score"] == 55.0
