@@ -167,3 +167,11 @@ def test_task_returns_summary_on_good_data(good_dataset: Path) -> None:
         out = validate_dataset.fn(str(good_dataset))
     assert out["validated"] and out["num_rows"] == 100
     json.dumps(out)
+
+
+@pytest.mark.slow
+def test_a_million_rows_validate_in_seconds(tmp_path: Path) -> None:
+    path = make_dataset(tmp_path / "big", make_transitions(n_episodes=1000, ep_len=1000))
+    report = validate_dataset_dir(path)
+    assert report.success and report.num_rows == 1_000_000
+    assert report.seconds < 30, report.seconds  # ~2 s on one idle core; generous for busy CI machines
