@@ -73,7 +73,7 @@ def _eval_fn(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: 
 
 def _run(
     algo: BC | CQL, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
-    preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None,
+    preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None, eval_episodes: int | None = None,
 ) -> dict[str, float]:
     preset = get_preset(preset_name)
     out = Path(out)
@@ -81,7 +81,8 @@ def _run(
     buffer = ReplayBuffer.from_transitions(t, scaler)
     batch_size = algo.cfg.batch_size
     record = config_record(algo, env_record(info), dataset_record(data, info)) | {"preset": preset_name, **(extra or {})}
-    evaluate_fn = _eval_fn(algo, scaler, info, preset.eval_episodes)
+    episodes = preset.eval_episodes if eval_episodes is None else eval_episodes
+    evaluate_fn = _eval_fn(algo, scaler, info, episodes) if episodes > 0 else None
     final = fit(
         algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
         log_every=preset.log_every, save_every=preset.save_every,
@@ -94,13 +95,14 @@ def _run(
 def train_bc(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     config: BCConfig | None = None, sink: MetricSink | None = None, progress: bool = True,
+    eval_episodes: int | None = None,
 ) -> dict[str, float]:
     """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``."""
     p = get_preset(preset)
     cfg = replace(config or p.bc, seed=seed)
     t, info = read_dataset(data)
     algo = BC(info.obs_dim, info.action_dim, cfg)
-    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info)
+    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info, eval_episodes=eval_episodes)
 
 
 def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
@@ -114,7 +116,7 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) 
 def train_cql(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
-    sink: MetricSink | None = None, progress: bool = True,
+    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
 ) -> dict[str, float]:
     """Stage 2: CQL with a cost critic, optionally starting from a BC actor.
 
@@ -137,4 +139,4 @@ def train_cql(
         if not copied:
             raise ValueError(f"{init_actor}: no actor weights match CQL's actor (hidden sizes differ?)")
         extra["init_actor"] = {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
-    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra)
+    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra, eval_episodes)

@@ -79,7 +79,7 @@ class ReplayBuffer:
             n = self.capacity
         idx = (self.ptr + torch.arange(n)) % self.capacity
         for k in FIELDS:
-            self.data[k][idx] = torch.as_tensor(np.asarray(arrays[k]), dtype=torch.float32, device=self.device)
+            self.data[k][idx] = torch.as_tensor(np.array(arrays[k], dtype=np.float32), device=self.device)
         self.ptr = (self.ptr + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 

@@ -1,0 +1,50 @@
+"""The arl command: --help everywhere, clear errors, and the offline stages end to end on a tiny dataset."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from arl_cli.main import app
+
+runner = CliRunner()
+
+
+def _commands(group, prefix=()):
+    import typer.main
+
+    cmd = typer.main.get_command(group)
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield (*prefix, name)
+        if hasattr(sub, "commands"):
+            for subname in sub.commands:
+                yield (*prefix, name, subname)
+
+
+@pytest.mark.parametrize("path", list(_commands(app)), ids=" ".join)
+def test_every_command_has_help(path):
+    res = runner.invoke(app, [*path, "--help"])
+    assert res.exit_code == 0, res.output
+    assert "Usage" in res.output
+
+
+def test_train_evaluate_roundtrip(tiny_dataset, tmp_path):
+    out = tmp_path / "bc"
+    res = runner.invoke(app, ["train", "bc", "--data", str(tiny_dataset), "--out", str(out), "--steps", "10"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["evaluate", "--policy", str(out), "--episodes", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.output)
+    assert payload["episodes"] == 2 and payload["task"] == "safe-pendulum"
+    assert {"mean_return", "normalized_score", "mean_cost", "over_budget_share"} <= payload.keys()
+
+
+def test_bad_dataset_gives_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["train", "cql", "--data", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert "missing dataset.json" in res.output
+
+
+def test_unknown_quality_is_refused(tmp_path):
+    res = runner.invoke(app, ["data", "generate", "-t", "safe-pendulum", "-q", "great", "-o", str(tmp_path / "d")])
+    assert res.exit_code == 2 and "unknown quality 'great'" in res.output
