@@ -120,3 +120,28 @@ def test_champion_kept_when_worse_candidate_arrives(
     assert tags["arl.promotion"] == "challenger" and "below champion" in tags["arl.promotion.reason"]
     assert c.get_model_version(name, versions[0]).tags["arl.promotion.replaced_by"] == versions[3]
     assert registry.gate_metrics(name, versions[3], tracking_uri=mlflow_uri)["score"] == 55.0
+
+
+def test_real_checkpoint_round_trip(mlflow_uri: str, run_id: str, tmp_path: Path) -> None:
+    """A checkpoint written by arl_models serves the same actions through the registry."""
+    import mlflow.pyfunc
+
+    from arl_models.checkpoint import load_policy, save_policy
+    from arl_models.nets import TanhGaussianActor
+
+    env = {
+        "task": "safe-pendulum",
+        "obs_dim": 3,
+        "action_dim": 2,
+        "action_low": [-2, -2],
+        "action_high": [2, 2],
+    }
+    record = {"algo": "sac", "config": {"hidden": [16, 16]}, "env": env}
+    ckpt = save_policy(tmp_path / "ckpt", TanhGaussianActor(3, 2, (16, 16)), record)
+    reg = registry.register_policy(
+        ckpt, model_name="arl-real", run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri
+    )
+    mlflow.set_tracking_uri(mlflow_uri)
+    obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    served = mlflow.pyfunc.load_model(f"models:/arl-real/{reg.version}").predict(obs)
+    np.testing.assert_allclose(served, load_policy(ckpt).act(obs, deterministic=True), rtol=1e-6)
