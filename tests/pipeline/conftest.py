@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from datasets import make_dataset  # noqa: E402
+from pipeline_data import make_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets import make_dataset, make_transitions
+from pipeline_data import make_dataset, make_transitions
 
 from arl_models.data.dataset import SIDECAR_FILE, TRANSITIONS_FILE, Transitions
 from tasks.validate import DataValidationError, validate_dataset, validate_dataset_dir

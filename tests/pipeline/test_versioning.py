@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from datasets import make_dataset
+from pipeline_data import make_dataset
 
 from tasks.versioning import EVENT_PUSHED, emit_dataset_pushed, find_rev, pull_dataset, version_dataset
 
