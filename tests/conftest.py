@@ -44,3 +44,22 @@ def tiny_dataset(tmp_path):
     path = tmp_path / "tiny"
     write_dataset(path, make_transitions(), pendulum_info())
     return path
+
+
+@pytest.fixture(scope="session")
+def pendulum_datasets(tmp_path_factory):
+    """Real safe-pendulum datasets from one behaviour SAC run (about 2 minutes on 2 cores).
+
+    Returns ``{quality: path}`` for expert and medium-replay; shared by every slow learning test.
+    """
+    from arl_models.data.generate import generate_dataset
+
+    root = tmp_path_factory.mktemp("pendulum")
+    out = {}
+    for quality in ("medium-replay", "expert"):
+        out[quality] = root / quality
+        generate_dataset(
+            "safe-pendulum", quality, out[quality], transitions=10_000, seed=0,
+            behaviour_steps=8_000, behaviour_dir=root / "behaviour", progress=False,
+        )
+    return out

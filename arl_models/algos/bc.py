@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arl_models.nets import DeterministicActor, TanhGaussianActor
+from arl_models.nets import DeterministicActor, TanhGaussianActor, adam
 from arl_models.replay import Batch
 
 
@@ -54,7 +54,7 @@ class BC:
         self.device = torch.device(device)
         actor_cls = TanhGaussianActor if cfg.policy == "gaussian" else DeterministicActor
         self.actor: nn.Module = actor_cls(obs_dim, act_dim, cfg.hidden).to(self.device)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.actor_opt = adam(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
 
     def networks(self) -> dict[str, nn.Module]:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from arl_models.algos.sac import SAC, SACConfig
+from arl_models.nets import adam
 from arl_models.replay import Batch
 
 
@@ -71,7 +72,7 @@ class CQL(SAC):
     def __init__(self, obs_dim: int, act_dim: int, cfg: CQLConfig, device: str | torch.device = "cpu"):
         super().__init__(obs_dim, act_dim, cfg, device)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.init_alpha), device=self.device))
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
+        self.alpha_opt = adam([self.log_alpha], lr=cfg.alpha_lr)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return super().optimizers() | {"alpha": self.alpha_opt}
@@ -112,6 +113,7 @@ class CQL(SAC):
         act_all = torch.cat([batch.act, acts.reshape(b * k, -1)])
         q_all = self.critic(obs_all, act_all)  # (E, B + BK): one fused pass
         q_data, q_sampled = q_all[:, :b], q_all[:, b:].view(-1, b, k)
+        q_sampled = self.bound_sampled_q(q_sampled, batch)
         td = (q_data - target).pow(2).mean(1).sum()
         gap = conservative_gap(q_data, q_sampled, logp)  # (E,)
         alpha_loss = None
@@ -123,6 +125,11 @@ class CQL(SAC):
             conservative = (alpha.detach() * slack).sum()
             alpha_loss = -(alpha * slack.detach()).sum()
         return CQLLosses(td=td, conservative=conservative, alpha=alpha_loss), q_data
+
+    def bound_sampled_q(self, q_sampled: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Hook on the sampled actions' Q-values ``(E, B, 3N)`` before the log-sum-exp; CQL leaves them
+        as they are, Cal-QL (``calql.py``) bounds the policy actions' values below by Monte-Carlo returns."""
+        return q_sampled
 
     def critic_loss(
         self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from arl_models.lagrange import PIDConfig, PIDLagrangian
-from arl_models.nets import EnsembleCritic, TanhGaussianActor, soft_update
+from arl_models.nets import EnsembleCritic, TanhGaussianActor, adam, soft_update
 from arl_models.replay import Batch
 
 
@@ -71,14 +71,14 @@ class SAC:
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_temp = nn.Parameter(torch.tensor(math.log(cfg.init_temperature), device=self.device))
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
-        self.temp_opt = torch.optim.Adam([self.log_temp], lr=cfg.temp_lr)
+        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr)
+        self.critic_opt = adam(self.critic.parameters(), lr=cfg.critic_lr)
+        self.temp_opt = adam([self.log_temp], lr=cfg.temp_lr)
         self.cost_critic: EnsembleCritic | None = None
         if cfg.learn_cost:
             self.cost_critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
-            self.cost_opt = torch.optim.Adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
+            self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
         self.lagrangian = PIDLagrangian(cfg.pid)
         self.step = 0
 
