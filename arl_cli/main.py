@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -49,8 +49,8 @@ def data_generate(
     out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")],
     transitions: Annotated[int, typer.Option(help="Transitions to collect (medium-replay takes the replay as it is).")] = 100_000,
     seed: Seed = 0,
-    behaviour_steps: Annotated[Optional[int], typer.Option(help="Steps of the behaviour SAC run (task default if unset).")] = None,
-    behaviour_dir: Annotated[Optional[Path], typer.Option(help="Where the behaviour run is cached (default ~/.cache/arl/behaviour).")] = None,
+    behaviour_steps: Annotated[int | None, typer.Option(help="Steps of the behaviour SAC run (task default if unset).")] = None,
+    behaviour_dir: Annotated[Path | None, typer.Option(help="Where the behaviour run is cached (default ~/.cache/arl/behaviour).")] = None,
 ) -> None:
     """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
     from arl_models.data.generate import generate_dataset
@@ -124,7 +124,7 @@ def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, ste
 Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory.")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumes if it holds a train_state).")]
 Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
-Steps = Annotated[Optional[int], typer.Option(help="Gradient steps (preset default if unset).")]
+Steps = Annotated[int | None, typer.Option(help="Gradient steps (preset default if unset).")]
 
 
 @train_app.command("bc")
@@ -144,7 +144,7 @@ def train_bc_cmd(
 @train_app.command("cql")
 def train_cql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
-    init_actor: Annotated[Optional[Path], typer.Option(help="A BC checkpoint to start the actor from.")] = None,
+    init_actor: Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2)."""
@@ -154,7 +154,7 @@ def train_cql_cmd(
 @app.command("evaluate")
 def evaluate_cmd(
     policy: Annotated[Path, typer.Option("--policy", "-p", help="A checkpoint directory.")],
-    task: Annotated[Optional[str], typer.Option("--task", "-t", help="Task (default: the policy's own).")] = None,
+    task: Annotated[str | None, typer.Option("--task", "-t", help="Task (default: the policy's own).")] = None,
     episodes: int = 10,
     seed: Seed = 12345,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,

@@ -15,7 +15,14 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from arl_models.data.dataset import DatasetError, DatasetInfo, Transitions, read_info, with_metadata, write_dataset
+from arl_models.data.dataset import (
+    DatasetError,
+    DatasetInfo,
+    Transitions,
+    read_info,
+    with_metadata,
+    write_dataset,
+)
 from arl_models.envs.registry import TaskSpec, env_dims, get_task
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
