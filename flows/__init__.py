@@ -1,0 +1,1 @@
+"""Prefect flows: the pipelines, composed from the tasks in ``tasks/``; no algorithm code lives here."""

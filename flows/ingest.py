@@ -1,0 +1,65 @@
+"""``ingest_flow``: generate or import a dataset into the data repository, validate it, version it.
+
+Only data that passed validation is versioned and announced (``arl.dataset.pushed``), so the retraining
+trigger never fires on a dataset the pipeline would reject.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from flows.params import DEFAULT_SOURCE, IngestSource
+from tasks.data import (
+    dataset_dir,
+    generate_dataset_task,
+    has_remote,
+    import_dataset_task,
+    version_and_announce,
+)
+from tasks.settings import state_paths
+from tasks.validate import validate_dataset
+from tasks.versioning import ensure_repo
+
+
+@flow(name="ingest", log_prints=True)
+def ingest_flow(
+    source: IngestSource = DEFAULT_SOURCE,
+    repo: str | None = None,
+    remote: str | None = None,
+    emit_event: bool = True,
+    overwrite: bool = False,
+) -> dict[str, str]:
+    """Make the dataset ``source`` describes (unless already present), validate it, version and push it.
+
+    ``repo``: the data repository (default ARL_DATA_REPO or .arl/data); ``remote``: DVC remote to set
+    (default ARL_DVC_REMOTE or .arl/dvc-remote when the repo has none). Returns the version
+    (``md5``, ``path``, ``remote``, ``git_rev``).
+    """
+    logger = get_run_logger()
+    paths = state_paths()
+    repo_dir = ensure_repo(repo or paths.data_repo)
+    name = source.dataset_name()
+    out = dataset_dir(repo_dir, name)
+    if out.exists() and not overwrite:
+        logger.info("dataset %s already in %s: versioning it as it is", name, repo_dir)
+    elif source.kind == "generate":
+        generate_dataset_task(
+            source.task, source.quality, str(out), source.transitions, source.seed, source.behaviour_steps
+        )
+    else:
+        if not source.source:
+            raise ValueError("import needs `source` (a path)")
+        import_dataset_task(
+            str(Path(source.source).resolve()),
+            source.import_format(),
+            source.task,
+            str(out),
+            source.quality if source.quality != "medium-replay" else "imported",
+            source.seed,
+        )
+    validate_dataset(str(out))
+    if remote is None and not has_remote(repo_dir):
+        remote = paths.dvc_remote
+    return version_and_announce(str(out), str(repo_dir), remote, paths.dvc_endpoint_url, emit_event)

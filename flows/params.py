@@ -1,0 +1,116 @@
+"""Flow parameters as pydantic models: the Prefect UI renders each as a form, ``prefect.yaml`` fills them.
+
+Each flow takes several top-level models (not one big one) so that a trigger can replace one of them
+(``dataset``) while the deployment's defaults keep the others.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class DatasetRef(BaseModel):
+    """Which dataset version to train on."""
+
+    path: str = Field(
+        "safe-pendulum-medium-replay", description="Dataset directory inside the data repository."
+    )
+    version: str | None = Field(
+        None,
+        description="DVC hash (`<md5>.dir`) or git rev of the data repo; empty: the latest committed version.",
+    )
+    repo: str | None = Field(
+        None, description="Data repository (git + DVC); empty: ARL_DATA_REPO or .arl/data."
+    )
+
+
+class TrainingConfig(BaseModel):
+    """How to train: the library's preset, the seed and optional step overrides."""
+
+    preset: Literal["demo", "paper"] = Field(
+        "demo", description="demo: minutes on 2 cores; paper: d3rlpy/CORL sizes."
+    )
+    seed: int = Field(0, ge=0, lt=2**32, description="Random seed of every stage.")
+    bc_steps: int | None = Field(None, gt=0, description="BC gradient steps (empty: the preset's).")
+    cql_steps: int | None = Field(None, gt=0, description="CQL gradient steps (empty: the preset's).")
+    eval_episodes: int | None = Field(
+        None, ge=0, description="Evaluation episodes during training (empty: the preset's)."
+    )
+    constrained: bool = Field(True, description="Hold CQL's actor to the dataset's cost budget (Lagrangian).")
+
+    def stage_settings(self, stage: str) -> dict:
+        steps = self.bc_steps if stage == "bc" else self.cql_steps
+        return {
+            "preset": self.preset,
+            "seed": self.seed,
+            "steps": steps,
+            "eval_episodes": self.eval_episodes,
+            "constrained": self.constrained,
+        }
+
+
+class GateConfig(BaseModel):
+    """The promotion gate: when the new policy becomes `champion`."""
+
+    model_name: str | None = Field(None, description="Registered model (empty: arl-<task>).")
+    eval_episodes: int = Field(10, gt=0, description="Episodes of the final evaluation.")
+    eval_seed: int = Field(12345, ge=0, description="Seed of the final evaluation.")
+    tolerance: float = Field(
+        5.0, ge=0, description="How far (normalised score points) the new policy may trail the champion."
+    )
+    cost_budget: float | None = Field(
+        None, ge=0, description="Mean episode cost allowed (empty: the task's budget)."
+    )
+    max_forgetting: float = Field(
+        10.0, ge=0, description="Score the policy may lose on earlier data versions (EWC stage)."
+    )
+
+
+class IngestSource(BaseModel):
+    """Where a new dataset comes from."""
+
+    kind: Literal["generate", "import"] = Field(
+        "generate", description="Generate with the behaviour SAC, or import a file."
+    )
+    task: str = Field("safe-pendulum", description="Task name, optionally with a version: safe-hopper@1.1.0.")
+    quality: str = Field(
+        "medium-replay", description="random | medium | expert | medium-replay | medium-expert | imported"
+    )
+    transitions: int = Field(
+        100_000, gt=0, description="Transitions to collect (medium-replay takes the replay as it is)."
+    )
+    seed: int = Field(0, ge=0, lt=2**32)
+    behaviour_steps: int | None = Field(
+        None, gt=0, description="Steps of the behaviour SAC (empty: the task's)."
+    )
+    source: str | None = Field(
+        None, description="import: a Minari directory, a D4RL .hdf5 file or a dataset directory."
+    )
+    format: Literal["minari", "d4rl", "arl"] | None = Field(
+        None, description="import format (empty: guessed)."
+    )
+    name: str | None = Field(None, description="Dataset name in the data repo (empty: <task>-<quality>).")
+
+    def dataset_name(self) -> str:
+        if self.name:
+            return self.name
+        return f"{self.task.replace('@', '-')}-{self.quality}"
+
+    def import_format(self) -> str:
+        if self.format:
+            return self.format
+        from pathlib import Path
+
+        src = Path(self.source or "")
+        if src.is_dir():
+            return "arl" if (src / "dataset.json").is_file() else "minari"
+        return "d4rl"
+
+
+# Defaults of the flows' parameters (module-level, so a flow signature holds no call).
+DEFAULT_DATASET = DatasetRef()
+DEFAULT_TRAINING = TrainingConfig()
+DEFAULT_GATE = GateConfig()
+DEFAULT_SOURCE = IngestSource()

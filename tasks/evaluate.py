@@ -1,0 +1,145 @@
+"""Evaluate, register and promote: the tasks after training.
+
+``evaluate_policy`` runs the final policy in its environment under a nested ``evaluate`` run;
+``register_stage_policy`` turns a stage's checkpoint into a model version with its trace tags (cached
+by checkpoint, so a re-run pipeline does not register the same checkpoint twice); ``promote_policy``
+applies the gate of :mod:`tasks.registry` and records the verdict on the parent run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks import registry, tracking
+
+
+@task(name="evaluate_policy", retries=0, task_run_name="evaluate {stage}")
+def evaluate_policy(
+    checkpoint: str, stage: str, parent_run_id: str, tracking_uri: str, episodes: int = 10, seed: int = 12345
+) -> dict[str, Any]:
+    """Episodes of the policy in its own task; returns the gate's inputs (score, mean cost) and all metrics.
+
+    ``score`` is the normalised score (0 random, 100 expert) where the dataset has reference returns,
+    else the mean return.
+    """
+    from arl_models.offline import evaluate_checkpoint
+
+    run_id = tracking.start_stage_run(
+        parent_run_id,
+        "evaluate",
+        params={"policy_stage": stage, "episodes": episodes, "seed": seed, "checkpoint": checkpoint},
+        tracking_uri=tracking_uri,
+    )
+    try:
+        res = evaluate_checkpoint(checkpoint, episodes=episodes, seed=seed)
+        metrics = res.metrics()
+        with tracking.MlflowSink(run_id, tracking_uri=tracking_uri) as sink:
+            sink.log(metrics, 0)
+    except BaseException:
+        tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
+        raise
+    tracking.end_run(run_id, tracking_uri=tracking_uri)
+    score = res.normalized_score if res.normalized_score is not None else res.mean_return
+    get_run_logger().info(
+        "evaluate %s: score %.2f, mean cost %.2f (budget %g) over %d episodes",
+        stage,
+        score,
+        res.mean_cost,
+        res.cost_budget,
+        res.episodes,
+    )
+    return {
+        "score": float(score),
+        "mean_cost": res.mean_cost,
+        "cost_budget": res.cost_budget,
+        "metrics": metrics,
+        "run_id": run_id,
+        "episodes": res.episodes,
+    }
+
+
+def _register_key(context: Any, parameters: dict[str, Any]) -> str:
+    s = parameters["stage_result"]
+    return f"arl-register-{parameters['model_name']}-{s['key']}-{parameters['tracking_uri']}"
+
+
+@task(
+    name="register_policy",
+    task_run_name="register {stage_result[stage]}",
+    cache_key_fn=_register_key,
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=5,
+)
+def register_stage_policy(
+    stage_result: dict[str, Any], dataset: dict[str, Any], model_name: str, git_commit: str, tracking_uri: str
+) -> dict[str, str]:
+    """Register the stage's checkpoint (as a loadable pyfunc) under its own stage run."""
+    reg = registry.register_policy(
+        stage_result["checkpoint"],
+        model_name=model_name,
+        run_id=stage_result["run_id"],
+        tags={
+            "stage": stage_result["stage"],
+            "dataset_hash": dataset["md5"],
+            "env_version": dataset["env_version"],
+            "policy_hash": dataset["policy_hash"],
+            "seed": stage_result["seed"],
+            "git_commit": git_commit,
+            "dataset_path": dataset["path"],
+            "stage_key": stage_result["key"],
+        },
+        tracking_uri=tracking_uri,
+    )
+    get_run_logger().info("registered %s as %s version %s", stage_result["stage"], reg.name, reg.version)
+    return {"name": reg.name, "version": reg.version, "source": reg.source, "stage": stage_result["stage"]}
+
+
+@task(name="promote_policy", retries=2, retry_delay_seconds=5, task_run_name="gate {model_name} v{version}")
+def promote_policy(
+    model_name: str,
+    version: str,
+    candidate: dict[str, Any],
+    *,
+    tolerance: float,
+    cost_budget: float,
+    max_forgetting: float,
+    parent_run_id: str,
+    tracking_uri: str,
+) -> dict[str, Any]:
+    """The promotion gate: ``champion`` or ``challenger`` with the reason; recorded on the parent run too."""
+    logger = get_run_logger()
+    current = registry.alias_version(model_name, registry.CHAMPION, tracking_uri=tracking_uri)
+    if current == version:
+        decision = registry.Decision(True, f"version {version} is already the champion")
+    else:
+        decision = registry.promote(
+            model_name,
+            version,
+            candidate,
+            tolerance=tolerance,
+            cost_budget=cost_budget,
+            max_forgetting=max_forgetting,
+            tracking_uri=tracking_uri,
+        )
+    alias = registry.CHAMPION if decision.promote else registry.CHALLENGER
+    c = tracking.client(tracking_uri)
+    for k, v in {
+        "arl.model": f"{model_name}/{version}",
+        "arl.promotion": alias,
+        "arl.promotion.reason": decision.reason[:5000],
+    }.items():
+        c.set_tag(parent_run_id, k, v)
+    (logger.info if decision.promote else logger.warning)(
+        "%s version %s -> %s: %s", model_name, version, alias, decision.reason
+    )
+    return {
+        "model": model_name,
+        "version": version,
+        "alias": alias,
+        "promoted": decision.promote,
+        "reason": decision.reason,
+        "previous_champion": current,
+    }

@@ -1,0 +1,100 @@
+"""The pipeline's parent MLflow run: open it (with the dataset as input), validate under it, close it.
+
+One parent run per pipeline run, one nested run per stage. Ids are passed explicitly, never taken from
+MLflow's thread-local active run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks import tracking
+from tasks.validate import DataValidationError, validate_dataset
+
+
+@task(name="start_pipeline_run", retries=2, retry_delay_seconds=5)
+def start_pipeline_run(
+    experiment: str,
+    run_name: str,
+    dataset: dict[str, Any],
+    params: dict[str, Any],
+    tags: dict[str, str],
+    tracking_uri: str,
+    artifact_location: str | None = None,
+) -> str:
+    """Create the parent run, log the flow's parameters and the dataset (DVC hash and location) as its input."""
+    run_id = tracking.start_parent_run(
+        experiment,
+        run_name,
+        tags=tags,
+        params=params,
+        artifact_location=artifact_location,
+        tracking_uri=tracking_uri,
+    )
+    tracking.log_dataset_input(
+        run_id,
+        name=dataset["path"],
+        md5=dataset["md5"],
+        location=dataset["location"],
+        tags={
+            "arl.dataset.git_rev": dataset["git_rev"],
+            "arl.dataset.remote": dataset["remote"],
+            "arl.env_version": dataset["env_version"],
+            "arl.behaviour_policy_hash": dataset["policy_hash"],
+        },
+        tracking_uri=tracking_uri,
+    )
+    get_run_logger().info("MLflow run %s in experiment %s (%s)", run_id, experiment, tracking_uri)
+    return run_id
+
+
+@task(name="validate_dataset_in_run", retries=0)
+def validate_in_run(
+    path: str, parent_run_id: str, tracking_uri: str, data_docs_dir: str | None = None
+) -> dict:
+    """Great Expectations before any training, as the nested ``validate`` run.
+
+    Failing expectations (with example values and rows) go to the Prefect log, to the run's tags, and into
+    the raised :class:`~tasks.validate.DataValidationError`.
+    """
+    run_id = tracking.start_stage_run(
+        parent_run_id, "validate", params={"path": path}, tracking_uri=tracking_uri
+    )
+    c = tracking.client(tracking_uri)
+    try:
+        summary = validate_dataset.fn(path, data_docs_dir=data_docs_dir)
+    except DataValidationError as e:
+        failed = sorted({f.expectation for f in e.report.failures})
+        c.set_tag(run_id, "arl.validation.failed", ", ".join(failed)[:5000])
+        c.set_tag(run_id, "arl.validation.report", e.report.summary()[:5000])
+        tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
+        raise
+    except BaseException:
+        tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
+        raise
+    c.log_metric(run_id, "validate/num_rows", summary["num_rows"])
+    c.log_metric(run_id, "validate/expectations", summary["expectations"])
+    tracking.end_run(run_id, tracking_uri=tracking_uri)
+    return summary
+
+
+@task(name="finish_pipeline_run", retries=2, retry_delay_seconds=5)
+def finish_pipeline_run(
+    run_id: str,
+    status: str,
+    tracking_uri: str,
+    tags: dict[str, str] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> None:
+    """Summary metrics and tags on the parent run, then its final status (``FINISHED`` | ``FAILED``)."""
+    from mlflow.entities import Metric, RunTag
+
+    c = tracking.client(tracking_uri)
+    c.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), 0, 0) for k, v in (metrics or {}).items()],
+        tags=[RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()],
+    )
+    tracking.end_run(run_id, status, tracking_uri=tracking_uri)

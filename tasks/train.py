@@ -1,0 +1,211 @@
+"""Training stages as Prefect tasks: one coarse task per stage, logged to a nested MLflow run.
+
+A stage is a pure function of (dataset hash, stage, library config, seed, steps, upstream stage), so its
+result is cached under that key (:func:`stage_key`): a pipeline run that failed after stage 2 and is run
+again does not retrain stages 1 and 2. The checkpoint directory is content-addressed by the same key
+(``runs/<dataset>/<stage>-<key>/``), so a stage interrupted mid-way resumes from its ``train_state/``, and
+a finished checkpoint found on disk is reused even when Prefect's result cache is gone.
+
+The MLflow run id is always passed in (the active run is thread-local); metrics go through a buffered
+:class:`~tasks.tracking.MlflowSink`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks import tracking
+
+STAGES = ("bc", "cql")
+CURVES = {
+    "learning_curve.png": lambda k: (
+        k.startswith("train/loss_") or k in ("eval/normalized_score", "train/q_data")
+    ),
+    "cost_curve.png": lambda k: any(
+        w in k for w in ("cost", "lagrange", "over_budget", "violation", "conservative")
+    ),
+}
+
+
+def library_config(stage: str, preset: str) -> dict[str, Any]:
+    """The algorithm config the library will use for ``stage`` under ``preset`` (part of the cache key)."""
+    from arl_models.presets import get_preset
+
+    p = get_preset(preset)
+    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
+    return {"config": dataclasses.asdict(cfg), "default_steps": steps}
+
+
+def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_key: str | None) -> str:
+    """sha256 of everything that determines a stage's output."""
+    blob = json.dumps(
+        {
+            "stage": stage,
+            "dataset": dataset_md5,
+            "settings": settings,
+            "library": library_config(stage, settings["preset"]),
+            "upstream": upstream_key,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _cache_key(context: Any, parameters: dict[str, Any]) -> str:
+    upstream = parameters.get("init_from") or {}
+    return "arl-stage-" + stage_key(
+        parameters["stage"], parameters["dataset"]["md5"], parameters["settings"], upstream.get("key")
+    )
+
+
+def checkpoint_dir(runs_dir: str | Path, dataset_md5: str, stage: str, key: str) -> Path:
+    return Path(runs_dir) / dataset_md5.removesuffix(".dir")[:12] / f"{stage}-{key[:12]}"
+
+
+def _finished(out: Path, steps: int) -> dict[str, float] | None:
+    """The final metrics of a checkpoint that completed ``steps``, else None."""
+    f = out / "metrics.json"
+    if not f.is_file():
+        return None
+    metrics = json.loads(f.read_text())
+    return metrics if metrics.get("steps", 0) >= steps and "wall_time_s" in metrics else None
+
+
+def _target_steps(stage: str, settings: dict[str, Any]) -> int:
+    return int(settings.get("steps") or library_config(stage, settings["preset"])["default_steps"])
+
+
+def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
+    jsonl = out / "metrics.jsonl"
+    if not jsonl.is_file():
+        return []
+    keys = list(tracking.read_metrics_jsonl(jsonl))
+    logged = []
+    for name, wanted in CURVES.items():
+        chosen = [k for k in keys if wanted(k)]
+        if chosen:
+            logged.append(
+                tracking.log_learning_curve(run_id, jsonl, keys=chosen, name=name, tracking_uri=tracking_uri)
+            )
+    return logged
+
+
+def _train(
+    stage: str, data_dir: str, out: Path, settings: dict[str, Any], init_actor: str | None, sink: Any
+) -> dict:
+    from arl_models.offline import train_bc, train_cql
+
+    common = {
+        "preset": settings["preset"],
+        "seed": settings["seed"],
+        "steps": settings.get("steps"),
+        "sink": sink,
+        "progress": sys.stderr.isatty(),
+        "eval_episodes": settings.get("eval_episodes"),
+    }
+    if stage == "bc":
+        return train_bc(data_dir, out, **common)
+    return train_cql(
+        data_dir, out, init_actor=init_actor, constrained=settings.get("constrained", True), **common
+    )
+
+
+@task(
+    name="train_stage",
+    task_run_name="train {stage}",
+    cache_key_fn=_cache_key,
+    persist_result=True,
+    retries=0,  # training is not I/O: a retry would repeat the same failure; a killed process resumes instead
+)
+def train_stage(
+    stage: str,
+    dataset: dict[str, Any],
+    settings: dict[str, Any],
+    parent_run_id: str,
+    tracking_uri: str,
+    runs_dir: str,
+    init_from: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train ``stage`` (``bc`` | ``cql``) on the pulled dataset; returns the checkpoint and its metrics.
+
+    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``.
+    ``init_from``: the upstream stage's result (CQL starts its actor from BC's).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
+    logger = get_run_logger()
+    key = stage_key(stage, dataset["md5"], settings, (init_from or {}).get("key"))
+    out = checkpoint_dir(runs_dir, dataset["md5"], stage, key)
+    steps = _target_steps(stage, settings)
+    params = {
+        **settings,
+        "steps": steps,
+        "stage_key": key,
+        "checkpoint": str(out),
+        **{f"algo.{k}": v for k, v in library_config(stage, settings["preset"])["config"].items()},
+        "init_from": (init_from or {}).get("checkpoint", ""),
+    }
+    run_id = tracking.start_stage_run(
+        parent_run_id, stage, params=params, tags={"arl.stage_key": key}, tracking_uri=tracking_uri
+    )
+    try:
+        final = _finished(out, steps)
+        if final is not None:
+            logger.info("%s: reusing the finished checkpoint %s", stage, out)
+            tracking.client(tracking_uri).set_tag(run_id, "arl.reused_checkpoint", "true")
+        else:
+            logger.info("%s: training %d steps into %s", stage, steps, out)
+            with tracking.MlflowSink(run_id, tracking_uri=tracking_uri, every=10) as sink:
+                final = _train(
+                    stage, dataset["dir"], out, settings, (init_from or {}).get("checkpoint"), sink
+                )
+        _log_curves(run_id, out, tracking_uri)
+        c = tracking.client(tracking_uri)
+        c.log_artifact(run_id, str(out / "config.json"), artifact_path="checkpoint")
+        c.log_artifact(run_id, str(out / "metrics.json"), artifact_path="checkpoint")
+    except BaseException:
+        tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
+        raise
+    tracking.end_run(run_id, tracking_uri=tracking_uri)
+    logger.info(
+        "%s done: %s",
+        stage,
+        {k: round(v, 3) for k, v in final.items() if k.startswith(("eval/", "train/loss"))},
+    )
+    return {
+        "stage": stage,
+        "key": key,
+        "checkpoint": str(out),
+        "metrics": final,
+        "run_id": run_id,
+        "parent_run_id": parent_run_id,
+        "steps": steps,
+        "seed": settings["seed"],
+    }
+
+
+@task(name="record_reused_stage", retries=2, retry_delay_seconds=2, task_run_name="reuse {result[stage]}")
+def record_reused_stage(result: dict[str, Any], parent_run_id: str, tracking_uri: str) -> dict[str, Any]:
+    """A cached stage still gets its nested run in this pipeline run: final metrics and a link to the original."""
+    from mlflow.entities import Metric
+
+    run_id = tracking.start_stage_run(
+        parent_run_id,
+        result["stage"],
+        params={"stage_key": result["key"], "checkpoint": result["checkpoint"], "steps": result["steps"]},
+        tags={"arl.stage_key": result["key"], "arl.reused_from_run": result["run_id"]},
+        tracking_uri=tracking_uri,
+    )
+    metrics = [Metric(k, float(v), 0, int(result["steps"])) for k, v in result["metrics"].items()]
+    tracking.client(tracking_uri).log_batch(run_id, metrics=metrics)
+    tracking.end_run(run_id, tracking_uri=tracking_uri)
+    get_run_logger().info("%s: reused from run %s (cached)", result["stage"], result["run_id"])
+    return {**result, "reused_in_run": run_id}
