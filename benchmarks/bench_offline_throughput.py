@@ -61,7 +61,11 @@ def gemm_rate(shape: tuple[int, ...], seconds: float = 1.0) -> float:
     return flops * iters / elapsed / 1e9
 
 
-GEMM_SHAPES = {"7680x256x256": (7680, 256, 256), "2x7936x256x256": (2, 7936, 256, 256), "4096^3": (4096, 4096, 4096)}
+GEMM_SHAPES = {
+    "7680x256x256": (7680, 256, 256),
+    "2x7936x256x256": (2, 7936, 256, 256),
+    "4096^3": (4096, 4096, 4096),
+}
 
 
 def gemm_rates(reps: int = 3) -> dict[str, float]:
@@ -75,7 +79,9 @@ def _mlp_flops(dims: list[int]) -> int:
     return 2 * sum(i * o for i, o in zip(dims[:-1], dims[1:], strict=True))
 
 
-def cql_update_flops(obs: int, act: int, hidden: tuple[int, ...], e: int, b: int, n: int, cost_critic: bool = False) -> dict[str, int]:
+def cql_update_flops(
+    obs: int, act: int, hidden: tuple[int, ...], e: int, b: int, n: int, cost_critic: bool = False
+) -> dict[str, int]:
     """Matmul FLOPs of one CQL update (element-wise ops, Adam and log-sum-exp not counted: < 1%).
 
     A Linear layer's backward costs twice its forward (input and weight gradients), except the first
@@ -118,7 +124,9 @@ def rate(fn: Callable[[], object], steps: int) -> float:
     return steps / (time.perf_counter() - t0)
 
 
-def interleaved(contestants: dict[str, Callable[[], object]], steps: int, rounds: int, warmup: int) -> dict[str, list[float]]:
+def interleaved(
+    contestants: dict[str, Callable[[], object]], steps: int, rounds: int, warmup: int
+) -> dict[str, list[float]]:
     """Steps/s of each contestant per round, running them alternately (order reversed every round)."""
     names = list(contestants)
     for name in names:
@@ -146,12 +154,23 @@ def build(data_rows: int, seed: int, cost_critic: bool):
     ours_cost = CQL(OBS, ACT, replace(cql_cfg, learn_cost=True)) if cost_critic else None
     c = p.cql
     peer = d3rlpy_cql(
-        mdp, hidden=c.hidden, batch_size=c.batch_size, n_action_samples=c.n_action_samples, n_critics=c.n_critics,
-        actor_lr=c.actor_lr, critic_lr=c.critic_lr, temp_lr=c.temp_lr, alpha_lr=1e-4,
-        conservative_weight=c.conservative_weight, gamma=c.gamma, tau=c.tau,
+        mdp,
+        hidden=c.hidden,
+        batch_size=c.batch_size,
+        n_action_samples=c.n_action_samples,
+        n_critics=c.n_critics,
+        actor_lr=c.actor_lr,
+        critic_lr=c.critic_lr,
+        temp_lr=c.temp_lr,
+        alpha_lr=1e-4,
+        conservative_weight=c.conservative_weight,
+        gamma=c.gamma,
+        tau=c.tau,
     )
     bc_ours = BC(OBS, ACT, replace(p.bc, seed=seed))
-    bc_peer = d3rlpy_bc(mdp, hidden=p.bc.hidden, batch_size=p.bc.batch_size, lr=p.bc.lr, policy_type="stochastic")
+    bc_peer = d3rlpy_bc(
+        mdp, hidden=p.bc.hidden, batch_size=p.bc.batch_size, lr=p.bc.lr, policy_type="stochastic"
+    )
     return buf, mdp, ours, ours_cost, peer, bc_ours, bc_peer, cql_cfg
 
 
@@ -171,14 +190,22 @@ def profile_ours(algo: CQL, buf: ReplayBuffer, steps: int, rows: int = 30) -> st
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=15, help="CQL gradient steps per contestant per round (BC: 10x)")
+    ap.add_argument(
+        "--steps", type=int, default=15, help="CQL gradient steps per contestant per round (BC: 10x)"
+    )
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", type=int, default=100_000, help="transitions in the random dataset")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-cost-critic", action="store_true", help="skip our CQL with its cost critic (extra work d3rlpy lacks)")
-    ap.add_argument("--profile", type=int, default=0, help="then profile N steps of our CQL with torch.profiler")
+    ap.add_argument(
+        "--no-cost-critic",
+        action="store_true",
+        help="skip our CQL with its cost critic (extra work d3rlpy lacks)",
+    )
+    ap.add_argument(
+        "--profile", type=int, default=0, help="then profile N steps of our CQL with torch.profiler"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -189,10 +216,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     print(f"torch {torch.__version__}, d3rlpy {d3rlpy.__version__}, threads {torch.get_num_threads()}")
     gemm_before = gemm_rates()
-    buf, mdp, ours, ours_cost, peer, bc_ours, bc_peer, cfg = build(args.rows, args.seed, not args.no_cost_critic)
+    buf, mdp, ours, ours_cost, peer, bc_ours, bc_peer, cfg = build(
+        args.rows, args.seed, not args.no_cost_critic
+    )
     B = cfg.batch_size
 
-    cql = {"ours": lambda: ours.update(buf.sample(B)), "d3rlpy": lambda: peer.update(mdp.sample_transition_batch(B))}
+    cql = {
+        "ours": lambda: ours.update(buf.sample(B)),
+        "d3rlpy": lambda: peer.update(mdp.sample_transition_batch(B)),
+    }
     if ours_cost is not None:
         cql["ours+cost_critic"] = lambda: ours_cost.update(buf.sample(B))
     cql_rates = interleaved(cql, args.steps, args.rounds, args.warmup)
@@ -210,11 +242,17 @@ def main(argv: list[str] | None = None) -> dict:
                 it[name] = iter(batches)
                 b = next(it[name])
             fn(b)
+
         return step
 
     upd_rates = interleaved(
-        {"ours": cycle("ours", ours_batches, ours.update), "d3rlpy": cycle("d3rlpy", peer_batches, peer.update)},
-        args.steps, max(3, args.rounds // 2), 0,
+        {
+            "ours": cycle("ours", ours_batches, ours.update),
+            "d3rlpy": cycle("d3rlpy", peer_batches, peer.update),
+        },
+        args.steps,
+        max(3, args.rounds // 2),
+        0,
     )
     sample_ms = {
         "ours": 1e3 / rate(lambda: buf.sample(B), 200),
@@ -223,14 +261,21 @@ def main(argv: list[str] | None = None) -> dict:
 
     bc_steps = 10 * args.steps
     bc_rates = interleaved(
-        {"ours": lambda: bc_ours.update(buf.sample(B)), "d3rlpy": lambda: bc_peer.update(mdp.sample_transition_batch(B))},
-        bc_steps, args.rounds, 2 * args.warmup,
+        {
+            "ours": lambda: bc_ours.update(buf.sample(B)),
+            "d3rlpy": lambda: bc_peer.update(mdp.sample_transition_batch(B)),
+        },
+        bc_steps,
+        args.rounds,
+        2 * args.warmup,
     )
     gemm_after = gemm_rates()
     gemm = {k: max(gemm_before[k], gemm_after[k]) for k in gemm_before}
 
     flops = cql_update_flops(OBS, ACT, cfg.hidden, cfg.n_critics, B, cfg.n_action_samples)
-    flops_cost = cql_update_flops(OBS, ACT, cfg.hidden, cfg.n_critics, B, cfg.n_action_samples, cost_critic=True)
+    flops_cost = cql_update_flops(
+        OBS, ACT, cfg.hidden, cfg.n_critics, B, cfg.n_action_samples, cost_critic=True
+    )
     bc_flops = bc_update_flops(OBS, ACT, cfg.hidden, B)
     cql_med, upd_med, bc_med = summary(cql_rates), summary(upd_rates), summary(bc_rates)
 
@@ -239,25 +284,35 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {
         "config": vars(args) | {"json": str(args.json) if args.json else None},
-        "gemm_gflops": gemm, "gemm_gflops_before": gemm_before, "gemm_gflops_after": gemm_after,
+        "gemm_gflops": gemm,
+        "gemm_gflops_before": gemm_before,
+        "gemm_gflops_after": gemm_after,
         "cql": {
-            "steps_per_s_rounds": cql_rates, "steps_per_s": cql_med,
+            "steps_per_s_rounds": cql_rates,
+            "steps_per_s": cql_med,
             "ratio": cql_med["ours"] / cql_med["d3rlpy"],
-            "update_only_steps_per_s": upd_med, "update_only_ratio": upd_med["ours"] / upd_med["d3rlpy"],
+            "update_only_steps_per_s": upd_med,
+            "update_only_ratio": upd_med["ours"] / upd_med["d3rlpy"],
             "sample_ms": sample_ms,
-            "flops_per_step": flops, "flops_per_step_with_cost_critic": flops_cost["total"],
+            "flops_per_step": flops,
+            "flops_per_step_with_cost_critic": flops_cost["total"],
             "ours_gflops": cql_med["ours"] * flops["total"] / 1e9,
             "d3rlpy_gflops": cql_med["d3rlpy"] * flops["total"] / 1e9,
             "ours_share_of_gemm": share(cql_med["ours"], flops["total"]),
             "ours_update_only_share_of_gemm": share(upd_med["ours"], flops["total"]),
         },
         "bc": {
-            "steps_per_s_rounds": bc_rates, "steps_per_s": bc_med, "ratio": bc_med["ours"] / bc_med["d3rlpy"],
-            "flops_per_step": bc_flops, "ours_share_of_gemm": share(bc_med["ours"], bc_flops),
+            "steps_per_s_rounds": bc_rates,
+            "steps_per_s": bc_med,
+            "ratio": bc_med["ours"] / bc_med["d3rlpy"],
+            "flops_per_step": bc_flops,
+            "ours_share_of_gemm": share(bc_med["ours"], bc_flops),
         },
     }
     if "ours+cost_critic" in cql_med:
-        result["cql"]["ours+cost_critic_share_of_gemm"] = share(cql_med["ours+cost_critic"], flops_cost["total"])
+        result["cql"]["ours+cost_critic_share_of_gemm"] = share(
+            cql_med["ours+cost_critic"], flops_cost["total"]
+        )
     report(result)
     if args.profile:
         table = profile_ours(ours, buf, args.profile)
@@ -271,7 +326,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def report(r: dict) -> None:
     g = r["gemm_gflops"]
-    print("\nfloat32 GEMM (GFLOP/s, best of before/after): " + ", ".join(f"{k} {v:.1f}" for k, v in g.items()))
+    print(
+        "\nfloat32 GEMM (GFLOP/s, best of before/after): " + ", ".join(f"{k} {v:.1f}" for k, v in g.items())
+    )
     c = r["cql"]
     print(f"\nCQL (paper shapes), {c['flops_per_step']['total'] / 1e9:.2f} GFLOP/step (analytic)")
     print(f"{'':18s} {'steps/s':>9s} {'rounds':>40s}")
@@ -280,14 +337,26 @@ def report(r: dict) -> None:
         print(f"{k:18s} {v:9.2f} {rounds:>40s}")
     print(f"ratio ours/d3rlpy (sample + update): {c['ratio']:.2f}x   (target >= 1.3x)")
     u = c["update_only_steps_per_s"]
-    print(f"update only: ours {u['ours']:.2f}, d3rlpy {u['d3rlpy']:.2f} steps/s, ratio {c['update_only_ratio']:.2f}x")
+    print(
+        f"update only: ours {u['ours']:.2f}, d3rlpy {u['d3rlpy']:.2f} steps/s, ratio {c['update_only_ratio']:.2f}x"
+    )
     print(f"batch sampling: ours {c['sample_ms']['ours']:.3f} ms, d3rlpy {c['sample_ms']['d3rlpy']:.2f} ms")
-    print(f"achieved: ours {c['ours_gflops']:.1f} GFLOP/s, d3rlpy {c['d3rlpy_gflops']:.1f} GFLOP/s (same FLOP count)")
-    print("ours' share of GEMM rate: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in c["ours_share_of_gemm"].items()))
+    print(
+        f"achieved: ours {c['ours_gflops']:.1f} GFLOP/s, d3rlpy {c['d3rlpy_gflops']:.1f} GFLOP/s (same FLOP count)"
+    )
+    print(
+        "ours' share of GEMM rate: "
+        + ", ".join(f"{k} {100 * v:.0f}%" for k, v in c["ours_share_of_gemm"].items())
+    )
     b = r["bc"]
-    print(f"\nBC (gaussian, 256x256, batch 256): ours {b['steps_per_s']['ours']:.1f}, d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, "
-          f"ratio {b['ratio']:.2f}x   (target >= 3x)")
-    print("ours' share of GEMM rate: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in b["ours_share_of_gemm"].items()))
+    print(
+        f"\nBC (gaussian, 256x256, batch 256): ours {b['steps_per_s']['ours']:.1f}, d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, "
+        f"ratio {b['ratio']:.2f}x   (target >= 3x)"
+    )
+    print(
+        "ours' share of GEMM rate: "
+        + ", ".join(f"{k} {100 * v:.0f}%" for k, v in b["ours_share_of_gemm"].items())
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ import torch
 from arl_models.data.dataset import Transitions
 
 
-def random_transitions(n: int, obs_dim: int, act_dim: int, episode_len: int = 1000, seed: int = 0) -> Transitions:
+def random_transitions(
+    n: int, obs_dim: int, act_dim: int, episode_len: int = 1000, seed: int = 0
+) -> Transitions:
     """Random but fixed data: Gaussian observations, uniform actions in [-1, 1], episodes ending by time-out."""
     rng = np.random.default_rng(seed)
     obs = rng.standard_normal((n + 1, obs_dim)).astype(np.float32)
@@ -129,7 +131,11 @@ def d3rlpy_cql(
 
 
 def d3rlpy_bc(
-    dataset: Any, *, hidden: tuple[int, ...] = (256, 256), batch_size: int = 256, lr: float = 1e-3,
+    dataset: Any,
+    *,
+    hidden: tuple[int, ...] = (256, 256),
+    batch_size: int = 256,
+    lr: float = 1e-3,
     policy_type: str = "stochastic",
 ) -> Any:
     """d3rlpy's BC; ``stochastic`` is the Gaussian log-likelihood (our ``gaussian``), else ``deterministic``."""
