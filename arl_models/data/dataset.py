@@ -218,7 +218,9 @@ def read_table(path: str | Path) -> pa.Table:
     f = path / TRANSITIONS_FILE
     if not f.is_file():
         raise DatasetError(f"{path}: missing {TRANSITIONS_FILE}")
-    return pq.read_table(f)
+    # metadata strings repeat (one data version per collection run): keep them dictionary-encoded
+    strings = [n for n, t in METADATA_COLUMNS.items() if t == pa.string()]
+    return pq.read_table(f, read_dictionary=strings)
 
 
 def read_dataset(path: str | Path) -> tuple[Transitions, DatasetInfo]:
@@ -254,6 +256,11 @@ def table_to_transitions(table: pa.Table, info: DatasetInfo, source: str = "<tab
         col = table.column(name).combine_chunks()
         if col.null_count:
             raise DatasetError(f"{source}: column {name!r} has {col.null_count} null value(s)")
+        if pa.types.is_dictionary(col.type) and typ == pa.string():
+            # a handful of distinct strings: build them once, then index (no per-row str objects)
+            values = np.asarray(col.dictionary.cast(pa.string()).to_pylist(), dtype=object)
+            out[name] = values[col.indices.to_numpy(zero_copy_only=False)]
+            continue
         try:
             col = col.cast(typ)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
