@@ -1,0 +1,45 @@
+"""Small hand-built safe-pendulum datasets for the flow tests (no generator, no behaviour SAC)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, write_dataset
+
+
+def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -> Transitions:
+    rng = np.random.default_rng(seed)
+    n = n_episodes * length
+    theta = rng.uniform(-np.pi, np.pi, size=n)
+    obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, size=n)], axis=1).astype(np.float32)
+    step = np.tile(np.arange(length), n_episodes).astype(np.int32)
+    return Transitions(
+        obs=obs,
+        action=rng.uniform(-2, 2, size=(n, 1)).astype(np.float32),
+        reward=(-(theta**2)).astype(np.float32),
+        cost=(np.abs(obs[:, 2]) > 3).astype(np.float32),
+        next_obs=np.roll(obs, -1, axis=0),
+        terminated=np.zeros(n, bool),
+        truncated=step == length - 1,
+        episode_id=np.repeat(np.arange(n_episodes), length).astype(np.int64),
+        step=step,
+        **with_metadata(n, env_version="1.0.0", policy_hash="ab" * 32, random_seed=seed),
+    )
+
+
+def pendulum_info() -> DatasetInfo:
+    return DatasetInfo(
+        task="safe-pendulum", env_id="Pendulum-v1", env_version="1.0.0", obs_dim=3, action_dim=1,
+        action_low=[-2.0], action_high=[2.0], quality="random", ref_random_return=-1200.0,
+        ref_expert_return=-150.0, cost_budget=12.0, extra={"max_episode_steps": 200},
+    )
+
+
+def write_pendulum(path: Path, seed: int = 0, broken_policy_hash: bool = False) -> Path:
+    t = pendulum_transitions(seed=seed)
+    if broken_policy_hash:
+        t.policy_hash = t.policy_hash.copy()
+        t.policy_hash[:7] = "NOT-A-HASH"
+    return write_dataset(path, t, pendulum_info())

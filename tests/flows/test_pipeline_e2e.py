@@ -1,0 +1,161 @@
+"""The offline-to-online flow end to end: Prefect test server, MLflow on SQLite, DVC on a temporary repo."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import GATE, TINY
+
+from flows.offline_to_online import offline_to_online_flow
+from flows.params import DatasetRef, GateConfig, TrainingConfig
+from tasks import registry, tracking
+from tasks.settings import state_paths
+
+pytestmark = pytest.mark.e2e
+MODEL = "arl-safe-pendulum"
+
+
+def _run(version: dict, seed: int = 0, **gate: float):
+    return offline_to_online_flow(
+        DatasetRef(path=version["path"], version=version["md5"]),
+        TrainingConfig(seed=seed, **TINY),
+        GateConfig(**{**GATE, **gate}),
+    )
+
+
+def _uri() -> str:
+    return state_paths().mlflow_uri
+
+
+def _children(run_id: str) -> dict[str, object]:
+    c = tracking.client(_uri())
+    parent = c.get_run(run_id)
+    runs = c.search_runs([parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{run_id}'")
+    return {r.data.tags["arl.stage"]: r for r in runs}
+
+
+def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_version: dict) -> None:
+    first = _run(demo_version)
+    assert first["decision"]["alias"] == "champion"
+    champion = first["decision"]["version"]
+    c = tracking.client(_uri())
+
+    # MLflow: one parent run, one nested run per stage, the dataset as an input with its DVC hash
+    parent = c.get_run(first["run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["arl.dataset.md5"] == demo_version["md5"]
+    assert [d.dataset.digest for d in parent.inputs.dataset_inputs] == [demo_version["md5"]]
+    stages = _children(first["run_id"])
+    assert set(stages) == {"validate", "bc", "cql", "evaluate"}
+    cql = stages["cql"]
+    assert {"train/loss_critic", "train/lagrange_multiplier", "train/q_data"} <= set(cql.data.metrics)
+    assert len(c.get_metric_history(cql.info.run_id, "train/loss_critic")) >= 1
+    plots = {a.path for a in c.list_artifacts(cql.info.run_id, "plots")}
+    assert plots == {"plots/learning_curve.png", "plots/cost_curve.png"}
+    assert cql.data.params["seed"] == "0" and cql.data.params["algo.conservative_weight"]
+
+    # the registry: every stage's policy, with its trace tags, loadable for inference
+    mv = c.get_model_version(MODEL, champion)
+    tags = mv.tags
+    assert tags["arl.stage"] == "cql" and tags["arl.dataset_hash"] == demo_version["md5"]
+    assert tags["arl.env_version"] == "1.0.0" and tags["arl.policy_hash"] == "ab" * 32 and tags["arl.seed"] == "0"
+    assert tags["arl.git_commit"]
+    assert {v["stage"] for v in first["versions"]} == {"bc", "cql"}
+    import mlflow.pyfunc
+    import numpy as np
+
+    mlflow.set_tracking_uri(_uri())
+    model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    actions = model.predict(np.zeros((4, 3), dtype=np.float32))
+    assert actions.shape == (4, 1) and np.all(np.abs(actions) <= 2.0)
+
+    # a second, worse run (another seed; its mean cost breaks the budget) becomes the challenger
+    second = _run(demo_version, seed=1, cost_budget=0.5)
+    assert second["decision"]["alias"] == "challenger"
+    assert registry.alias_version(MODEL, "champion", tracking_uri=_uri()) == champion
+    loser = c.get_model_version(MODEL, second["decision"]["version"])
+    assert loser.tags["arl.promotion"] == "challenger" and "exceeds budget" in loser.tags["arl.promotion.reason"]
+    assert c.get_run(second["run_id"]).data.tags["arl.promotion"] == "challenger"
+
+
+def test_broken_metadata_stops_the_flow_before_training(demo_version: dict, tmp_path: Path) -> None:
+    from flow_data import write_pendulum
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from tasks.validate import DataValidationError
+    from tasks.versioning import version_dataset
+
+    repo = state_paths().data_repo
+    write_pendulum(repo / "broken", broken_policy_hash=True)
+    bad = version_dataset(repo / "broken", repo)
+    c = tracking.client(_uri())
+    versions_before = len(c.search_model_versions(f"name = '{MODEL}'"))
+    champion_before = registry.alias_version(MODEL, "champion", tracking_uri=_uri())
+
+    state = offline_to_online_flow(
+        DatasetRef(path=bad.path, version=bad.md5), TrainingConfig(**TINY), GateConfig(**GATE), return_state=True
+    )
+    assert state.is_failed()
+    with pytest.raises(DataValidationError) as err:
+        state.result()
+    assert "expect_column_values_to_match_regex on column 'policy_hash'" in str(err.value)
+    assert "NOT-A-HASH" in str(err.value)
+
+    # the Prefect log names the expectation and shows the values
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    assert any("policy_hash" in log.message and "NOT-A-HASH" in log.message for log in logs)
+
+    # nothing trained, nothing registered, the champion untouched
+    failed = c.search_runs(
+        [c.get_experiment_by_name("arl-safe-pendulum").experiment_id],
+        filter_string=f"tags.`arl.dataset.md5` = '{bad.md5}' and tags.`arl.task` = 'safe-pendulum'",
+    )
+    assert len(failed) == 1 and failed[0].info.status == "FAILED"
+    assert failed[0].data.tags["arl.failed_stage"] == "validate"
+    assert set(_children(failed[0].info.run_id)) == {"validate"}
+    assert len(c.search_model_versions(f"name = '{MODEL}'")) == versions_before
+    assert registry.alias_version(MODEL, "champion", tracking_uri=_uri()) == champion_before
+
+
+def test_a_failed_and_retried_run_reuses_the_finished_stages(
+    demo_version: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import arl_models.offline as offline
+
+    calls = {"bc": 0, "cql": 0, "evaluate": 0}
+    real = {"bc": offline.train_bc, "cql": offline.train_cql, "evaluate": offline.evaluate_checkpoint}
+
+    def counting(name):
+        def fn(*args, **kwargs):
+            calls[name] += 1
+            if name == "evaluate" and calls[name] == 1:
+                raise ConnectionError("simulated: the evaluation environment went away")
+            return real[name](*args, **kwargs)
+
+        return fn
+
+    monkeypatch.setattr(offline, "train_bc", counting("bc"))
+    monkeypatch.setattr(offline, "train_cql", counting("cql"))
+    monkeypatch.setattr(offline, "evaluate_checkpoint", counting("evaluate"))
+
+    with pytest.raises(ConnectionError):
+        _run(demo_version, seed=7)
+    assert calls == {"bc": 1, "cql": 1, "evaluate": 1}
+
+    retried = _run(demo_version, seed=7)
+    assert calls == {"bc": 1, "cql": 1, "evaluate": 2}  # stages 1 and 2 were not retrained
+    stages = _children(retried["run_id"])
+    for name in ("bc", "cql"):
+        assert stages[name].data.tags["arl.reused_from_run"] == retried["stages"][name]["run_id"]
+
+    # without Prefect's result cache, the finished checkpoint on disk is reused as well
+    shutil.rmtree(Path(state_paths().home).parent / "prefect" / "storage", ignore_errors=True)
+    again = offline_to_online_flow(
+        DatasetRef(path=demo_version["path"], version=demo_version["md5"]),
+        TrainingConfig(seed=7, **TINY), GateConfig(**GATE), refresh_cache=True,
+    )
+    assert calls["bc"] == 1 and calls["cql"] == 1
+    assert _children(again["run_id"])["cql"].data.tags["arl.reused_checkpoint"] == "true"
