@@ -1,0 +1,87 @@
+"""Pushing a dataset version triggers the retraining deployment of prefect.yaml; a process worker runs it.
+
+The deployment is registered from prefect.yaml with ``prefect deploy`` (its trigger, pool and pull step as
+written), then given tiny training parameters; a ``prefect worker`` subprocess executes the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import GATE, TINY
+
+from tasks import tracking
+from tasks.settings import state_paths
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENT = "retrain-on-new-data/retrain-on-new-data"
+TIMEOUT_S = 300
+
+
+def _prefect(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("prefect"))
+    return subprocess.run([exe, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def worker(prefect_server: str, demo_version: dict, tmp_path_factory: pytest.TempPathFactory):
+    """The retraining deployment from prefect.yaml, and a process worker on the ``local`` pool."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PWD": str(ROOT), "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    created = _prefect("work-pool", "create", "local", "--type", "process", "--overwrite", env=env)
+    assert created.returncode == 0, created.stdout + created.stderr
+    deployed = _prefect("--no-prompt", "deploy", "--name", "retrain-on-new-data", env=env)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+        client.update_deployment(dep.id, DeploymentUpdate(parameters={"training": TINY, "gate": GATE}))
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", "local", "--type", "process"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    yield dep, log
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(worker, tmp_path: Path) -> None:
+    from flow_data import write_pendulum
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from arl_cli.pipeline import push_dataset
+
+    dep, log = worker
+    src = write_pendulum(tmp_path / "pushed", seed=3)
+    version = push_dataset(src, state_paths().data_repo)
+
+    deadline, runs = time.monotonic() + TIMEOUT_S, []
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+            if runs and runs[0].state is not None and runs[0].state.is_final():
+                break
+            time.sleep(2)
+    assert runs, f"no run was triggered within {TIMEOUT_S} s; worker log:\n{log.read_text()[-3000:]}"
+    (run,) = runs
+    assert run.state.is_completed(), f"{run.state}; worker log:\n{log.read_text()[-3000:]}"
+    assert run.parameters["dataset"] == {"path": "pushed", "version": version["md5"]}
+
+    c = tracking.client(state_paths().mlflow_uri)
+    trained = c.search_model_versions("name = 'arl-safe-pendulum'")
+    assert any(v.tags.get("arl.dataset_hash") == version["md5"] for v in trained)
