@@ -1,0 +1,363 @@
+"""Stage 3: constrained online fine-tuning from the CQL checkpoint.
+
+SAC (or CQL / Cal-QL critics, see ``algos/calql.py``) warm-started from the offline checkpoint:
+actor, reward critics, cost critic, optimiser moments and the Lagrange multiplier's state. Offline,
+the multiplier was driven by ``Q_c``; here the measured signal switches to the undiscounted cost of
+finished episodes against the task's episode budget, with the configured PID gains, and the
+multiplier's value and integral carry over, so the policy gets no free burst of violations at the
+switch (Stooke et al. 2020).
+
+Each batch is ``round(offline_ratio * B)`` transitions of the offline dataset plus the rest from the
+online replay (Ball et al. 2023, "RLPD": symmetric sampling). Episodes run in worker processes
+(``gymnasium.vector.AsyncVectorEnv``) with one batched policy call per step. Work is organised in
+rounds of whole episodes: a round resets every worker with seeds derived from (seed, round), collects
+``episodes_per_round`` episodes while doing ``utd`` gradient updates per environment step, then
+updates the multiplier, logs and checkpoints. A checkpoint after a round holds everything needed to
+continue exactly (weights, optimisers, multiplier, RNG, the online replay and the counters), so an
+interrupted run resumes to the same weights.
+
+Every episode is recorded in ``OUT/episodes.jsonl`` (return, cost, cumulative cost, multiplier);
+``OUT/metrics.jsonl`` has one line per round under ``online/...`` and ``eval/...``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, Regularizer, mc_returns
+from arl_models.checkpoint import (
+    config_from_dict,
+    has_train_state,
+    load_train_state,
+    read_config,
+    save_checkpoint,
+)
+from arl_models.data.dataset import read_dataset, read_info
+from arl_models.envs.registry import TaskSpec, get_task, make_env
+from arl_models.evaluate import evaluate
+from arl_models.lagrange import PIDConfig, PIDLagrangian
+from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
+from arl_models.replay import ActionScaler, ReplayBuffer
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    seed: int = 0
+    steps: int = 20_000
+    """Environment steps of fine-tuning, all workers together (the run stops at the first round end past it)."""
+    num_envs: int = 4
+    """Parallel environments (worker processes with ``vector="async"``)."""
+    episodes_per_round: int | None = None
+    """Episodes collected per round (default ``num_envs``); multiplier updates and checkpoints follow rounds."""
+    vector: str = "async"
+    """``async`` (worker processes) or ``sync`` (in-process, for tests and debugging)."""
+    offline_ratio: float = 0.5
+    """Share of each batch drawn from the offline data; exactly ``round(ratio * batch_size)`` rows."""
+    batch_size: int | None = None
+    """Batch size of updates (default: the offline stage's)."""
+    utd: float = 1.0
+    """Gradient updates per environment step."""
+    conservative: str = "none"
+    """Critic regime online: ``none`` (SAC), ``cql`` or ``calql`` (CQL term bounded by MC returns)."""
+    conservative_weight: float | None = None
+    """Weight of the conservative term online (default: the offline stage's)."""
+    constrained: bool = True
+    """Penalise the actor with the episode-cost multiplier; ``False`` is the unconstrained baseline."""
+    cost_budget: float | None = None
+    """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
+    pid: PIDConfig = PIDConfig(kp=0.02, ki=0.01, kd=0.0)
+    """Gains of the multiplier on episode cost (per round); its state carries over from the offline stage."""
+    online_capacity: int = 1_000_000
+    eval_every: int = 5
+    """Rounds between deterministic evaluations (0: only at the start and the end)."""
+    eval_episodes: int = 10
+    save_every: int = 1
+    """Rounds between checkpoints."""
+
+
+@dataclass
+class OnlineState:
+    """Counters that a checkpoint carries besides the algorithm and the replay."""
+
+    env_steps: int = 0
+    episodes: int = 0
+    rounds: int = 0
+    updates: int = 0
+    cumulative_cost: float = 0.0
+    violations: int = 0
+    returns: list[float] = field(default_factory=list)
+    costs: list[float] = field(default_factory=list)
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor([self.env_steps, self.episodes, self.rounds, self.updates, self.cumulative_cost, self.violations], dtype=torch.float64)
+
+    def load(self, t: torch.Tensor) -> None:
+        v = t.tolist()
+        self.env_steps, self.episodes, self.rounds, self.updates = (int(x) for x in v[:4])
+        self.cumulative_cost, self.violations = float(v[4]), int(v[5])
+
+
+def sample_mixed(
+    offline: ReplayBuffer, online: ReplayBuffer, batch_size: int, offline_ratio: float,
+    offline_mc: torch.Tensor | None = None, online_mc: torch.Tensor | None = None,
+) -> MCBatch:
+    """Exactly ``round(ratio * B)`` offline rows followed by ``B - round(ratio * B)`` online rows."""
+    n_off = int(round(offline_ratio * batch_size))
+    parts, mcs = [], []
+    for buf, mc, n in ((offline, offline_mc, n_off), (online, online_mc, batch_size - n_off)):
+        if n == 0:
+            continue
+        idx = torch.randint(0, len(buf), (n,), device=buf.device)
+        parts.append(buf.gather(idx))
+        mcs.append(None if mc is None else mc.index_select(0, idx))
+    fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in ("obs", "act", "rew", "cost", "next_obs", "done")}
+    mc_all = None if any(m is None for m in mcs) else torch.cat(mcs)  # type: ignore[arg-type]
+    return MCBatch(**fields, mc_return=mc_all)
+
+
+def _offline_buffer(path: str | Path, scaler: ActionScaler, gamma: float) -> tuple[ReplayBuffer, torch.Tensor]:
+    t, _ = read_dataset(path)
+    buf = ReplayBuffer.from_transitions(t, scaler)
+    ends = t.done | np.r_[t.episode_id[1:] != t.episode_id[:-1], True]
+    return buf, torch.as_tensor(mc_returns(t.reward, ends, gamma))
+
+
+def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regularizer | None = None) -> CalQL:
+    """The fine-tuning algorithm from an offline checkpoint's record (CQL or an earlier fine-tuning)."""
+    base = config_from_dict(CalQLConfig, record["config"])
+    if cfg.constrained and not base.learn_cost:
+        raise ValueError("constrained fine-tuning needs a checkpoint with a cost critic (learn_cost)")
+    algo_cfg = replace(
+        base, seed=cfg.seed, conservative=cfg.conservative, cost_q_limit=None, pid=cfg.pid,
+        external_multiplier=cfg.constrained, batch_size=cfg.batch_size or base.batch_size,
+        conservative_weight=base.conservative_weight if cfg.conservative_weight is None else cfg.conservative_weight,
+    )
+    env = record["env"]
+    return CalQL(env["obs_dim"], env["action_dim"], algo_cfg, regularizer=regularizer)
+
+
+def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, float]:
+    """Load every weight, optimiser and the multiplier's state; the multiplier keeps value and integral."""
+    load_train_state(from_dir, algo)
+    old = algo.lagrangian.state()
+    algo.lagrangian = PIDLagrangian(algo.cfg.pid)
+    algo.lagrangian.load_state({**old, "prev": budget})  # the measured signal changes: no derivative kick
+    algo.step = 0
+    torch.manual_seed(algo.cfg.seed)
+    return old
+
+
+def _make_envs(spec: TaskSpec, cfg: FinetuneConfig) -> gym.vector.VectorEnv:
+    fns = [lambda: make_env(spec) for _ in range(cfg.num_envs)]
+    if cfg.vector == "async":
+        return gym.vector.AsyncVectorEnv(fns)
+    if cfg.vector == "sync":
+        return gym.vector.SyncVectorEnv(fns)
+    raise ValueError(f"vector must be 'async' or 'sync', got {cfg.vector!r}")
+
+
+class _Round:
+    """One round: whole episodes from every worker, with interleaved gradient updates."""
+
+    def __init__(self, algo: CalQL, cfg: FinetuneConfig, scaler: ActionScaler, online: ReplayBuffer, online_mc: torch.Tensor):
+        self.algo, self.cfg, self.scaler, self.online, self.online_mc = algo, cfg, scaler, online, online_mc
+        self.metrics: dict[str, float] = {}
+        self.n_updates = 0
+        self.episodes: list[tuple[float, float, int]] = []
+
+    def _store(self, rows: list[tuple]) -> None:
+        obs, act, rew, cost, next_obs, term = (np.asarray(x, dtype=np.float32) for x in zip(*rows, strict=True))
+        ends = np.zeros(len(rows), bool)
+        ends[-1] = True
+        mc = torch.as_tensor(mc_returns(rew, ends, self.algo.cfg.gamma))
+        idx = (self.online.ptr + torch.arange(len(rows))) % self.online.capacity
+        self.online.add(obs=obs, act=act, rew=rew, cost=cost, next_obs=next_obs, done=term)
+        self.online_mc[idx[-self.online.capacity :]] = mc[-self.online.capacity :]
+
+    def run(self, envs: gym.vector.VectorEnv, seed: int, update) -> None:
+        n = envs.num_envs
+        target = self.cfg.episodes_per_round or n
+        obs, _ = envs.reset(seed=[seed + i for i in range(n)])
+        staged: list[list[tuple]] = [[] for _ in range(n)]
+        ret, cost = np.zeros(n), np.zeros(n)
+        started, active, just_reset = min(n, target), np.arange(n) < target, np.zeros(n, bool)
+        budget = 0.0
+        while active.any():
+            act = self.algo.act(obs, deterministic=False)  # (n, A) in [-1, 1]: one batched call
+            next_obs, rew, term, trunc, info = envs.step(self.scaler.unnormalize(act))
+            c = np.asarray(info.get("cost", np.zeros(n)), dtype=np.float64)
+            valid = active & ~just_reset  # NEXT_STEP autoreset: this step only reset those workers
+            for i in np.flatnonzero(valid):
+                staged[i].append((obs[i], act[i], rew[i], c[i], next_obs[i], float(term[i])))
+            ret += np.where(valid, rew, 0.0)
+            cost += np.where(valid, c, 0.0)
+            done = valid & (term | trunc)
+            for i in np.flatnonzero(done):
+                self._store(staged[i])
+                self.episodes.append((float(ret[i]), float(cost[i]), len(staged[i])))
+                staged[i], ret[i], cost[i] = [], 0.0, 0.0
+                if started < target:
+                    started += 1
+                else:
+                    active[i] = False
+            just_reset = done
+            obs = next_obs
+            budget += self.cfg.utd * int(valid.sum())
+            while budget >= 1.0:
+                budget -= 1.0
+                m = update()
+                if m is None:
+                    budget = 0.0
+                    break
+                self.n_updates += 1
+                for k, v in m.items():
+                    self.metrics[k] = self.metrics.get(k, 0.0) + v
+
+    def mean_metrics(self) -> dict[str, float]:
+        return {k: v / max(self.n_updates, 1) for k, v in self.metrics.items()}
+
+
+def _truncate(path: Path, key: str, last: int) -> None:
+    if path.is_file():
+        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)[key] <= last]
+        path.write_text("".join(f"{ln}\n" for ln in keep))
+
+
+def _env_record(record: dict[str, Any], spec: TaskSpec, budget: float, data: str | Path) -> dict[str, Any]:
+    env = dict(record["env"]) | {"task": spec.name, "env_version": spec.env_version, "cost_budget": budget}
+    info = read_info(data)
+    if info.env_version == spec.env_version:
+        env |= {"ref_random_return": info.ref_random_return, "ref_expert_return": info.ref_expert_return}
+    return env
+
+
+def finetune(
+    from_dir: str | Path, out: str | Path, *, task: str | None = None, data: str | Path | None = None,
+    config: FinetuneConfig = FinetuneConfig(), regularizer: Regularizer | None = None,
+    sink: MetricSink | None = None, progress: bool = True, stop_after_rounds: int | None = None,
+) -> dict[str, float]:
+    """Fine-tune the checkpoint in ``from_dir`` online; writes a checkpoint to ``out`` and returns the
+    final metrics record. ``out`` holding a ``train_state`` resumes it. ``stop_after_rounds`` ends the
+    call early (checkpoint included), as an interruption would.
+    """
+    cfg, out = config, Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    resuming = has_train_state(out)
+    rec_from = read_config(from_dir)
+    spec = get_task(task) if task else get_task(rec_from["env"]["task"], rec_from["env"]["env_version"])
+    budget = spec.cost_budget if cfg.cost_budget is None else cfg.cost_budget
+    data = data or rec_from["dataset"]["path"]
+    algo = build_algo(rec_from, cfg, regularizer)
+    env = _env_record(rec_from, spec, budget, data)
+    scaler = ActionScaler(np.asarray(env["action_low"], np.float32), np.asarray(env["action_high"], np.float32))
+    offline, offline_mc = _offline_buffer(data, scaler, algo.cfg.gamma)
+    online = ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"])
+    online_mc = torch.zeros(cfg.online_capacity)
+    state = OnlineState()
+    refs = (env["ref_random_return"], env["ref_expert_return"]) if env.get("ref_random_return") is not None else None
+
+    def run_eval() -> dict[str, float]:
+        act = lambda o: scaler.unnormalize(algo.act(o))  # noqa: E731
+        return evaluate(act, spec, cfg.eval_episodes, seed=12345, cost_budget=budget, ref_scores=refs).metrics()
+
+    if resuming:
+        record = read_config(out)
+        left = load_train_state(out, algo)
+        online.load_state_dict(left)
+        online_mc[: online.size] = left["online.mc"]
+        state.load(left["online.counters"])
+    else:
+        carried = warm_start(algo, from_dir, budget)
+        initial = run_eval() if cfg.eval_episodes > 0 else {}
+        record = {
+            "algo": algo.name, "config": asdict(algo.cfg), "env": env,
+            "dataset": {"path": str(data), **{k: v for k, v in rec_from.get("dataset", {}).items() if k != "path"}},
+            "format_version": 1, "stage": "finetune", "from": str(from_dir), "finetune": asdict(cfg),
+            "carried_multiplier": carried, "initial_eval": initial,
+        } | {k: rec_from[k] for k in ("continual",) if k in rec_from}
+        for name in ("metrics.jsonl", "episodes.jsonl"):
+            (out / name).unlink(missing_ok=True)
+    _truncate(out / "metrics.jsonl", "step", state.env_steps)
+    _truncate(out / "episodes.jsonl", "episode", state.episodes)
+    sinks = FanoutSink(JsonlSink(out / "metrics.jsonl"), sink)
+    batch_size = algo.cfg.batch_size
+    n_online = batch_size - int(round(cfg.offline_ratio * batch_size))
+
+    def update() -> dict[str, float] | None:
+        if len(online) < max(n_online, 1):
+            return None
+        return algo.update(sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc))
+
+    def save(metrics: dict[str, Any] | None = None) -> None:
+        extra = online.state_dict() | {"online.mc": online_mc[: online.size].clone(), "online.counters": state.tensor()}
+        save_checkpoint(out, algo, record, metrics, extra_tensors=extra)
+
+    t0, start_steps = time.perf_counter(), state.env_steps
+    latest: dict[str, float] = {}
+    rounds_here = 0
+    envs = _make_envs(spec, cfg)
+    try:
+        while state.env_steps < cfg.steps:
+            rnd = _Round(algo, cfg, scaler, online, online_mc)
+            rnd.run(envs, cfg.seed * 1_000_003 + state.rounds * cfg.num_envs, update)
+            latest = _after_round(algo, cfg, state, rnd, budget, out)
+            latest["online/steps_per_s"] = (state.env_steps - start_steps) / max(time.perf_counter() - t0, 1e-9)
+            if cfg.eval_every and state.rounds % cfg.eval_every == 0 and cfg.eval_episodes > 0:
+                latest |= run_eval()
+            sinks.log(latest, state.env_steps)
+            if progress:
+                print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
+                      f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
+                      f"lambda {algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+            rounds_here += 1
+            if stop_after_rounds is not None and rounds_here >= stop_after_rounds:
+                save()
+                return latest
+            if state.rounds % cfg.save_every == 0:
+                save()
+    finally:
+        envs.close()
+    final = {**latest}
+    if cfg.eval_episodes > 0 and "eval/return" not in latest:
+        final |= run_eval()
+    final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in record.get("initial_eval", {}).items()}
+    final |= {"online/env_steps_total": float(state.env_steps), "online/cumulative_cost": state.cumulative_cost,
+              "online/violating_episodes": float(state.violations), "online/episodes": float(state.episodes),
+              "online/updates": float(state.updates), "wall_time_s": time.perf_counter() - t0}
+    save(final)
+    return final
+
+
+def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Round, budget: float, out: Path) -> dict[str, float]:
+    """Count the round's episodes, update the multiplier from their mean cost, return the round's metrics."""
+    rets = np.array([e[0] for e in rnd.episodes])
+    costs = np.array([e[1] for e in rnd.episodes])
+    with (out / "episodes.jsonl").open("a") as f:
+        for r, c, length in rnd.episodes:
+            state.episodes += 1
+            state.env_steps += length
+            state.cumulative_cost += c
+            state.violations += int(c > budget)
+            f.write(json.dumps({
+                "episode": state.episodes, "env_steps": state.env_steps, "return": r, "cost": c,
+                "cumulative_cost": state.cumulative_cost, "multiplier": algo.lagrangian.value,
+            }) + "\n")
+    state.rounds += 1
+    state.updates += rnd.n_updates
+    if cfg.constrained:
+        algo.lagrangian.update(float(costs.mean()), budget)
+    m = {f"online/{k}": v for k, v in rnd.mean_metrics().items()}
+    return m | {
+        "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),
+        "online/cumulative_cost": state.cumulative_cost, "online/violating_episodes": float(state.violations),
+        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value,
+        "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.online)),
+    }
