@@ -1,0 +1,106 @@
+"""``arl finetune`` and ``arl continual``: the online stages (3 and 4) from the command line.
+
+Mounted by ``arl_cli.main`` as top-level commands (``app.command("finetune")(finetune_cmd)``); the
+sub-app ``app`` also works on its own. Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="Constrained online fine-tuning and EWC continual learning.", no_args_is_help=True)
+
+From = Annotated[Path, typer.Option("--from", help="Checkpoint directory to start from (CQL, or an earlier stage).")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write (resumes if it holds a train_state).")]
+Seed = Annotated[int, typer.Option(help="Random seed (uint32).")]
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # small networks: more threads only contend with the env workers
+
+
+def finetune_cmd(
+    from_dir: From,
+    out: Out,
+    task: Annotated[Optional[str], typer.Option("--task", "-t", help="Task, e.g. safe-hopper@1.1.0 (default: the checkpoint's).")] = None,
+    steps: Annotated[int, typer.Option(help="Environment steps of fine-tuning.")] = 20_000,
+    data: Annotated[Optional[Path], typer.Option("--data", "-d", help="Offline dataset to mix in (default: the checkpoint's).")] = None,
+    num_envs: Annotated[int, typer.Option(help="Parallel environment workers.")] = 4,
+    offline_ratio: Annotated[float, typer.Option(help="Share of each batch from the offline data.")] = 0.5,
+    conservative: Annotated[str, typer.Option(help="none (SAC) | cql | calql")] = "none",
+    budget: Annotated[Optional[float], typer.Option(help="Episode cost budget (default: the task's).")] = None,
+    constrained: Annotated[bool, typer.Option(help="Hold episode cost to the budget with the PID multiplier.")] = True,
+    kp: Annotated[float, typer.Option(help="Multiplier's proportional gain.")] = 0.02,
+    ki: Annotated[float, typer.Option(help="Multiplier's integral gain (gradient ascent's step with kp=kd=0).")] = 0.01,
+    kd: Annotated[float, typer.Option(help="Multiplier's derivative gain.")] = 0.0,
+    utd: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
+    eval_every: Annotated[int, typer.Option(help="Rounds between evaluations.")] = 5,
+    eval_episodes: int = 10,
+    vector: Annotated[str, typer.Option(help="async (worker processes) | sync")] = "async",
+    seed: Seed = 0,
+) -> None:
+    """Constrained online fine-tuning (stage 3): SAC with a PID Lagrange multiplier on episode cost,
+    warm-started from the CQL checkpoint, offline and online data mixed."""
+    _one_thread()
+    from arl_models.data import DatasetError
+    from arl_models.lagrange import PIDConfig
+    from arl_models.online import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(
+        seed=seed, steps=steps, num_envs=num_envs, offline_ratio=offline_ratio, conservative=conservative,
+        cost_budget=budget, constrained=constrained, pid=PIDConfig(kp=kp, ki=ki, kd=kd), utd=utd,
+        eval_every=eval_every, eval_episodes=eval_episodes, vector=vector,
+    )
+    try:
+        final = finetune(from_dir, out, task=task, data=data, config=cfg)
+    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
+
+
+def continual_cmd(
+    from_dir: From,
+    data: Annotated[Path, typer.Option("--data", "-d", help="The new version's dataset.")],
+    out: Out,
+    previous: Annotated[Optional[list[Path]], typer.Option("--previous", help="Earlier versions' datasets, oldest first (repeatable).")] = None,
+    naive_from: Annotated[Optional[Path], typer.Option(help="Where the naive baseline's chain continues from (default: --from).")] = None,
+    steps: Annotated[int, typer.Option(help="Offline gradient steps on the new data.")] = 5_000,
+    ewc_weight: Annotated[float, typer.Option(help="EWC penalty weight.")] = 100.0,
+    decay: Annotated[float, typer.Option(help="Online EWC decay of the accumulated Fisher.")] = 0.9,
+    online_steps: Annotated[int, typer.Option(help="Online fine-tuning steps on the new env version (0: offline only).")] = 0,
+    baseline: Annotated[bool, typer.Option(help="Also train the naive (no penalty) baseline.")] = True,
+    eval_episodes: int = 10,
+    seed: Seed = 0,
+) -> None:
+    """EWC continual learning (stage 4): train on a new version, report per-version scores and forgetting."""
+    _one_thread()
+    from arl_models.algos.ewc import EWCConfig
+    from arl_models.continual import ContinualConfig, train_continual
+    from arl_models.data import DatasetError
+
+    cfg = ContinualConfig(seed=seed, steps=steps, ewc=EWCConfig(weight=ewc_weight, decay=decay, seed=seed),
+                          online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes)
+    try:
+        report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)
+    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    for name in ("ewc", "naive"):
+        if name in report:
+            r = report[name]
+            typer.echo(f"{name:5s} new {r['new_version']} score {r['new_score']:.1f}; forgetting "
+                       + ", ".join(f"{k} {v:.1f}" for k, v in r["forgetting"].items()) + f" (mean {r['mean_forgetting']:.1f})")
+
+
+app.command("finetune")(finetune_cmd)
+app.command("continual")(continual_cmd)

@@ -1,0 +1,216 @@
+"""Stage 4: continual learning across data and environment versions with (online) EWC.
+
+When a new version arrives (a dataset generated on ``safe-pendulum@1.1.0``, say), the policy is
+trained on it offline (CQL, optionally followed by constrained online fine-tuning on the new
+environment version) with an EWC penalty (``algos/ewc.py``) anchored at the parameters the earlier
+versions produced, with the Fisher of the policy and the critics estimated on the earlier versions'
+data. Over a sequence of versions the Fisher accumulates with decay (online EWC); the accumulated
+terms travel in ``OUT/ewc.safetensors``.
+
+Forgetting is measured, not assumed: after training, the policy is evaluated on every earlier
+version's environment and on the new one. Per earlier version, forgetting is the best score any
+earlier policy of the chain reached there minus the current score. The same run trains the naive
+baseline (sequential training without the penalty, from ``naive_from`` or the same start) into
+``OUT/naive`` and reports it beside EWC, in ``OUT/continual.json`` and the metrics record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from arl_models.algos.calql import CalQL, CalQLConfig
+from arl_models.algos.ewc import EWCConfig, EWCPenalty, compute_fisher, current_anchor
+from arl_models.checkpoint import config_from_dict, has_train_state, load_policy, load_train_state, read_config
+from arl_models.data.dataset import DatasetInfo, read_dataset
+from arl_models.envs.registry import get_task
+from arl_models.evaluate import evaluate
+from arl_models.metrics import MetricSink
+from arl_models.offline import cql_cost_limit, dataset_record, env_record
+from arl_models.online import FinetuneConfig, finetune
+from arl_models.replay import ActionScaler, ReplayBuffer
+from arl_models.train import fit
+
+EWC_FILE = "ewc.safetensors"
+
+
+@dataclass(frozen=True)
+class ContinualConfig:
+    seed: int = 0
+    steps: int = 5_000
+    """Offline gradient steps on the new dataset."""
+    ewc: EWCConfig = EWCConfig()
+    online_steps: int = 0
+    """Environment steps of constrained fine-tuning on the new version afterwards (0: offline only)."""
+    finetune: FinetuneConfig = FinetuneConfig()
+    """Settings of that fine-tuning (its ``steps`` are replaced by ``online_steps``)."""
+    baseline: bool = True
+    """Also train naive sequential fine-tuning (no penalty) and report it."""
+    eval_episodes: int = 10
+    log_every: int = 500
+
+
+def version_key(info: DatasetInfo) -> str:
+    return f"{info.task}@{info.env_version}"
+
+
+def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int) -> float:
+    """Normalised score (or raw return without reference scores) of a checkpoint on a dataset's version."""
+    policy = load_policy(policy_dir)
+    res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=12345)
+    if info.ref_random_return is None or info.ref_expert_return is None:
+        return res.mean_return
+    return info.normalized_score(res.mean_return)
+
+
+def _load_algo(from_dir: Path, info: DatasetInfo) -> CalQL:
+    """A CQL-family algorithm holding ``from_dir``'s weights, configured for offline training on ``info``."""
+    rec = read_config(from_dir)
+    cfg = config_from_dict(CalQLConfig, rec["config"])
+    constrained = cfg.cost_q_limit is not None or cfg.external_multiplier
+    cfg = replace(cfg, conservative="cql", external_multiplier=False,
+                  cost_q_limit=cql_cost_limit(info, cfg.gamma) if constrained else None)
+    algo = CalQL(info.obs_dim, info.action_dim, cfg)
+    load_train_state(from_dir, algo)
+    algo.step = 0
+    return algo
+
+
+def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCConfig) -> EWCPenalty:
+    """Online EWC: the start's accumulated Fisher (if any) decayed, plus the Fisher on earlier data."""
+    scaler_of = lambda i: ActionScaler(np.asarray(i.action_low, np.float32), np.asarray(i.action_high, np.float32))  # noqa: E731
+    anchor = current_anchor(algo, cfg.networks)
+    saved = from_dir / EWC_FILE
+    penalty = EWCPenalty.from_tensors(load_file(str(saved)), cfg.weight) if saved.is_file() else None
+    # with an accumulated Fisher only the newest earlier version is new; otherwise all, oldest first
+    fresh = previous[-1:] if penalty is not None else previous
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for path in fresh:
+        t, info = read_dataset(path)
+        idx = torch.randperm(len(t), generator=gen)[: cfg.samples].numpy()
+        obs = torch.as_tensor(t.obs[idx])
+        act = torch.as_tensor(scaler_of(info).normalize(t.action[idx]))
+        fisher = compute_fisher(algo, obs, act, cfg)
+        penalty = EWCPenalty(fisher, anchor, cfg.weight) if penalty is None else penalty.consolidate(fisher, anchor, cfg.decay)
+    assert penalty is not None
+    return penalty
+
+
+def _train_branch(
+    from_dir: Path, data: Path, out: Path, previous: list[Path], cfg: ContinualConfig, use_ewc: bool,
+    sink: MetricSink | None, progress: bool,
+) -> Path:
+    """Offline CQL on the new data (with or without EWC), then optionally online fine-tuning; returns the
+    final checkpoint directory."""
+    t, info = read_dataset(data)
+    algo = _load_algo(from_dir, info)
+    offline_out = out / "offline" if cfg.online_steps > 0 else out
+    offline_out.mkdir(parents=True, exist_ok=True)
+    penalty = None
+    if use_ewc and previous:
+        f = offline_out / EWC_FILE
+        if f.is_file():
+            penalty = EWCPenalty.from_tensors(load_file(str(f)), cfg.ewc.weight)
+        else:
+            penalty = earlier_penalty(algo, from_dir, previous, cfg.ewc)
+            save_file(penalty.tensors(), str(f))
+    algo.regularizer = penalty
+    scaler = ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
+    buffer = ReplayBuffer.from_transitions(t, scaler)
+    if not has_train_state(offline_out):
+        torch.manual_seed(cfg.seed)
+    record = {
+        "algo": algo.name, "config": asdict(algo.cfg), "env": env_record(info), "dataset": dataset_record(data, info),
+        "format_version": 1, "stage": "continual", "from": str(from_dir), "ewc": use_ewc,
+        "continual_config": asdict(cfg),
+    }
+    fit(algo, lambda: buffer.sample(algo.cfg.batch_size), cfg.steps, offline_out, record, sink=sink,
+        log_every=cfg.log_every, save_every=max(cfg.steps // 4, 1), progress=progress,
+        desc=f"continual {'ewc' if use_ewc else 'naive'} {version_key(info)}")
+    if cfg.online_steps <= 0:
+        return offline_out
+    ft = replace(cfg.finetune, steps=cfg.online_steps, seed=cfg.seed)
+    finetune(offline_out, out, task=version_key(info), data=data, config=ft, regularizer=penalty, sink=sink, progress=progress)
+    if penalty is not None:
+        save_file(penalty.tensors(), str(out / EWC_FILE))
+    return out
+
+
+def _history(from_dir: Path) -> dict[str, float]:
+    return dict(read_config(from_dir).get("continual", {}).get("best_scores", {}))
+
+
+def _report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -> dict[str, Any]:
+    """Scores on every version, forgetting on the earlier ones, against the chain's best earlier scores."""
+    best = _history(start)
+    keys = [version_key(i) for i in infos]
+    start_scores = {k: score_on(start, i, episodes) for k, i in zip(keys, infos, strict=True)}
+    scores = {k: score_on(final, i, episodes) for k, i in zip(keys, infos, strict=True)}
+    earlier = keys[:-1]
+    for k in earlier:
+        best[k] = max(best.get(k, -np.inf), start_scores[k])
+    forgetting = {k: best[k] - scores[k] for k in earlier}
+    new_best = dict(best) | {k: max(best.get(k, -np.inf), scores[k]) for k in keys}
+    return {
+        "scores": scores, "start_scores": start_scores, "best_earlier": {k: best[k] for k in earlier},
+        "forgetting": forgetting, "mean_forgetting": float(np.mean(list(forgetting.values()))) if earlier else 0.0,
+        "new_version": keys[-1], "new_score": scores[keys[-1]], "best_scores": new_best, "versions": keys,
+    }
+
+
+def _write_chain_record(final: Path, report: dict[str, Any], datasets: list[Path]) -> None:
+    """Put the chain's history (versions, datasets, best scores) into the checkpoint's config.json."""
+    path = final / "config.json"
+    rec = json.loads(path.read_text())
+    rec["continual"] = {"versions": report["versions"], "datasets": [str(d) for d in datasets], "best_scores": report["best_scores"]}
+    tmp = path.with_name(".config.json.tmp")
+    tmp.write_text(json.dumps(rec, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def train_continual(
+    from_dir: str | Path, data: str | Path, out: str | Path, *, previous: list[str | Path] | None = None,
+    naive_from: str | Path | None = None, config: ContinualConfig = ContinualConfig(),
+    sink: MetricSink | None = None, progress: bool = True,
+) -> dict[str, Any]:
+    """Train on a new version with EWC (into ``out``) and, as the baseline, without (``out/naive``).
+
+    ``previous``: the earlier versions' datasets, oldest first (default: the chain recorded in
+    ``from_dir``, or the dataset it was trained on). Returns the report written to ``continual.json``.
+    """
+    from_dir, data, out = Path(from_dir), Path(data), Path(out)
+    rec = read_config(from_dir)
+    if previous is None:
+        previous = rec.get("continual", {}).get("datasets") or [rec["dataset"]["path"]]
+    prev = [Path(p) for p in previous]
+    infos = [read_dataset(p)[1] for p in [*prev, data]]
+    final = _train_branch(from_dir, data, out, prev, config, True, sink, progress)
+    report: dict[str, Any] = {"config": asdict(config), "from": str(from_dir), "data": str(data), "previous": [str(p) for p in prev]}
+    report["ewc"] = _report(from_dir, final, infos, config.eval_episodes)
+    _write_chain_record(final, report["ewc"], [*prev, data])
+    if config.baseline:
+        nstart = Path(naive_from) if naive_from else from_dir
+        nfinal = _train_branch(nstart, data, out / "naive", prev, config, False, None, progress)
+        report["naive"] = _report(nstart, nfinal, infos, config.eval_episodes)
+        _write_chain_record(nfinal, report["naive"], [*prev, data])
+        nf = report["naive"]["mean_forgetting"]
+        report["forgetting_ratio"] = report["ewc"]["mean_forgetting"] / nf if nf > 0 else None
+        ns = report["naive"]["new_score"]
+        report["new_score_ratio"] = report["ewc"]["new_score"] / ns if ns > 0 else None
+    (out / "continual.json").write_text(json.dumps(report, indent=2) + "\n")
+    metrics = {f"continual/ewc_{k}": v for k, v in report["ewc"].items() if isinstance(v, float)}
+    if "naive" in report:
+        metrics |= {f"continual/naive_{k}": v for k, v in report["naive"].items() if isinstance(v, float)}
+    if sink is not None:
+        sink.log(metrics, 0)
+    mpath = final / "metrics.json"
+    base = json.loads(mpath.read_text()) if mpath.is_file() else {}
+    mpath.write_text(json.dumps(base | metrics, indent=2) + "\n")
+    return report

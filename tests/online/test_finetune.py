@@ -1,0 +1,158 @@
+"""Constrained online fine-tuning: the multiplier, the mixing ratio, warm start, Cal-QL and resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, mc_returns
+from arl_models.checkpoint import read_config
+from arl_models.lagrange import PIDConfig
+from arl_models.online import FinetuneConfig, _after_round, _Round, build_algo, finetune, sample_mixed, warm_start
+from arl_models.replay import ReplayBuffer
+
+TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
+
+
+def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=PIDConfig(kp=0.0, ki=0.01, kd=0.0)):
+    cfg = replace(TINY, pid=pid)
+    algo = build_algo(read_config(tiny_cql), cfg)
+    warm_start(algo, tiny_cql, budget=12.0)
+    values = [algo.lagrangian.value]
+    for c in costs:
+        rnd = _Round(algo, cfg, None, ReplayBuffer(1, 3, 1), torch.zeros(1))
+        rnd.episodes = [(-100.0, c, 200), (-100.0, c, 200)]
+        _after_round(algo, cfg, _state(), rnd, 12.0, tmp_path)
+        values.append(algo.lagrangian.value)
+    return values
+
+
+def _state():
+    from arl_models.online import OnlineState
+
+    return OnlineState()
+
+
+@pytest.mark.parametrize("pid", [PIDConfig(kp=0.0, ki=0.01, kd=0.0), PIDConfig(kp=0.05, ki=0.01, kd=0.02)], ids=["ascent", "pid"])
+def test_multiplier_rises_over_budget_and_falls_under(tiny_cql, tmp_path, pid):
+    v = _algo_with_rounds(tiny_cql, tmp_path, [20.0, 30.0, 40.0, 8.0, 6.0, 4.0], pid)
+    assert v[1] > v[0] and v[2] > v[1] and v[3] > v[2], v
+    assert v[4] < v[3] and v[5] < v[4] and v[6] < v[5], v
+    assert min(v) >= 0.0
+    if pid.kp == pid.kd == 0.0:  # gradient ascent: lambda += ki * (cost - budget)
+        assert v[1] - v[0] == pytest.approx(0.01 * (20.0 - 12.0))
+
+
+def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
+    ts = tiny_cql / "train_state" / "state.json"
+    meta = json.loads(ts.read_text())
+    saved = meta["extra"].copy()
+    try:
+        meta["extra"] |= {"lagrangian.value": 0.7, "lagrangian.integral": 0.7}
+        ts.write_text(json.dumps(meta))
+        algo = build_algo(read_config(tiny_cql), TINY)
+        carried = warm_start(algo, tiny_cql, budget=12.0)
+        assert carried["value"] == 0.7 and algo.lagrangian.value == 0.7
+        assert algo.lagrangian.cfg == TINY.pid  # the online gains, the offline state
+    finally:
+        meta["extra"] = saved
+        ts.write_text(json.dumps(meta))
+
+
+def test_warm_start_loads_actor_and_both_critics(tiny_cql):
+    algo = build_algo(read_config(tiny_cql), TINY)
+    warm_start(algo, tiny_cql, budget=12.0)
+    w = load_file(str(tiny_cql / "weights.safetensors"))
+    for name in ("actor", "critic", "cost_critic"):
+        for k, v in algo.networks()[name].state_dict().items():
+            assert torch.equal(v, w[f"{name}.{k}"]), f"{name}.{k}"
+
+
+def _buffers(n_off=100, n_on=60):
+    off, on = ReplayBuffer(n_off, 3, 1), ReplayBuffer(n_on, 3, 1)
+    for buf, n, c in ((off, n_off, 0.0), (on, n_on, 1.0)):
+        z = np.zeros(n, np.float32)
+        buf.add(obs=np.zeros((n, 3)), act=np.zeros((n, 1)), rew=z, cost=z + c, next_obs=np.zeros((n, 3)), done=z)
+    return off, on
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 0.5, 0.7, 1.0])
+@pytest.mark.parametrize("batch_size", [32, 256, 257])
+def test_mixing_ratio_is_exact(ratio, batch_size):
+    off, on = _buffers()
+    for _ in range(5):
+        b = sample_mixed(off, on, batch_size, ratio, torch.full((100,), 3.0), torch.full((60,), 4.0))
+        n_off = round(ratio * batch_size)
+        assert b.obs.shape[0] == batch_size
+        assert int((b.cost == 0).sum()) == n_off and int((b.cost == 1).sum()) == batch_size - n_off
+        assert torch.equal(b.mc_return == 3.0, b.cost == 0)  # MC returns travel with their rows
+
+
+def test_mc_returns_restart_at_episode_ends():
+    g = mc_returns(np.ones(5, np.float32), np.array([0, 1, 0, 0, 1], bool), 0.5)
+    np.testing.assert_allclose(g, [1.5, 1.0, 1.75, 1.5, 1.0])
+
+
+def test_calql_bounds_policy_action_values_by_mc_return():
+    algo = CalQL(3, 1, CalQLConfig(hidden=(8,), n_action_samples=2))
+    q = torch.full((2, 4, 6), -10.0)
+    b = MCBatch(*(torch.zeros(4, 3), torch.zeros(4, 1), torch.zeros(4), torch.zeros(4), torch.zeros(4, 3), torch.zeros(4)),
+                mc_return=torch.tensor([-1.0, -20.0, 0.0, -5.0]))
+    out = algo.bound_sampled_q(q, b)
+    assert torch.equal(out[..., :2], q[..., :2])  # uniform actions untouched
+    np.testing.assert_allclose(out[0, :, 2:].numpy(), np.array([[-1.0] * 4, [-10.0] * 4, [0.0] * 4, [-5.0] * 4]))
+
+
+@pytest.mark.parametrize("mode", ["none", "cql", "calql"])
+def test_each_critic_regime_updates_finitely(mode):
+    algo = CalQL(3, 1, CalQLConfig(hidden=(8,), n_action_samples=2, conservative=mode, external_multiplier=True))
+    algo.lagrangian.value = 1.0
+    off, on = _buffers()
+    m = algo.update(sample_mixed(off, on, 32, 0.5, torch.zeros(100), torch.zeros(60)))
+    assert all(np.isfinite(v) for v in m.values()) and m["lagrange_multiplier"] == 1.0
+
+
+def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tmp_path):
+    out = tmp_path / "ft"
+    final = finetune(tiny_cql, out, data=pendulum_data, config=TINY, progress=False)
+    assert (out / "weights.safetensors").is_file() and (out / "metrics.json").is_file()
+    eps = [json.loads(ln) for ln in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(eps) == 4 and eps[-1]["env_steps"] == 800
+    assert eps[-1]["cumulative_cost"] == pytest.approx(sum(e["cost"] for e in eps))
+    assert final["online/cumulative_cost"] == pytest.approx(eps[-1]["cumulative_cost"])
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"online/episode_cost", "online/lagrange_multiplier", "online/q_data", "online/qc_policy"} <= set(rows[-1])
+    assert read_config(out)["stage"] == "finetune"
+
+
+def test_resume_after_interrupt_gives_the_same_weights(tiny_cql, pendulum_data, tmp_path):
+    cfg = replace(TINY, steps=1200)
+    finetune(tiny_cql, tmp_path / "a", data=pendulum_data, config=cfg, progress=False)
+    finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False, stop_after_rounds=1)
+    assert json.loads((tmp_path / "b" / "episodes.jsonl").read_text().splitlines()[-1])["env_steps"] == 400
+    finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False)
+    wa = load_file(str(tmp_path / "a" / "train_state" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "train_state" / "state.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k  # weights, optimisers, online replay, counters
+    assert (tmp_path / "a" / "episodes.jsonl").read_text() == (tmp_path / "b" / "episodes.jsonl").read_text()
+
+
+def test_cli_finetune_with_worker_processes(tiny_cql, pendulum_data, tmp_path):
+    from arl_cli.online import app
+
+    out = tmp_path / "cli"
+    res = CliRunner().invoke(app, [
+        "finetune", "--from", str(tiny_cql), "--out", str(out), "--task", "safe-pendulum", "--steps", "400",
+        "--num-envs", "2", "--data", str(pendulum_data), "--eval-episodes", "0", "--utd", "0.05", "--vector", "async",
+    ])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output[res.output.index("{\n") :])["online/env_steps_total"] == 400
+    assert (out / "train_state").is_dir()
