@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -33,16 +33,16 @@ def _one_thread() -> None:
 def finetune_cmd(
     from_dir: From,
     out: Out,
-    task: Annotated[Optional[str], typer.Option("--task", "-t", help="Task, e.g. safe-hopper@1.1.0 (default: the checkpoint's).")] = None,
+    task: Annotated[str | None, typer.Option("--task", "-t", help="Task, e.g. safe-hopper@1.1.0 (default: the checkpoint's).")] = None,
     steps: Annotated[int, typer.Option(help="Environment steps of fine-tuning.")] = 20_000,
-    data: Annotated[Optional[Path], typer.Option("--data", "-d", help="Offline dataset to mix in (default: the checkpoint's).")] = None,
+    data: Annotated[Path | None, typer.Option("--data", "-d", help="Offline dataset to mix in (default: the checkpoint's).")] = None,
     num_envs: Annotated[int, typer.Option(help="Parallel environment workers.")] = 4,
     offline_ratio: Annotated[float, typer.Option(help="Share of each batch from the offline data.")] = 0.5,
     conservative: Annotated[str, typer.Option(help="none (SAC) | cql | calql")] = "none",
-    budget: Annotated[Optional[float], typer.Option(help="Episode cost budget (default: the task's).")] = None,
+    budget: Annotated[float | None, typer.Option(help="Episode cost budget (default: the task's).")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold episode cost to the budget with the PID multiplier.")] = True,
-    kp: Annotated[float, typer.Option(help="Multiplier's proportional gain.")] = 0.02,
-    ki: Annotated[float, typer.Option(help="Multiplier's integral gain (gradient ascent's step with kp=kd=0).")] = 0.01,
+    kp: Annotated[float, typer.Option(help="Multiplier's proportional gain.")] = 0.05,
+    ki: Annotated[float, typer.Option(help="Multiplier's integral gain (gradient ascent's step with kp=kd=0).")] = 0.02,
     kd: Annotated[float, typer.Option(help="Multiplier's derivative gain.")] = 0.0,
     utd: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
     eval_every: Annotated[int, typer.Option(help="Rounds between evaluations.")] = 5,
@@ -73,8 +73,8 @@ def continual_cmd(
     from_dir: From,
     data: Annotated[Path, typer.Option("--data", "-d", help="The new version's dataset.")],
     out: Out,
-    previous: Annotated[Optional[list[Path]], typer.Option("--previous", help="Earlier versions' datasets, oldest first (repeatable).")] = None,
-    naive_from: Annotated[Optional[Path], typer.Option(help="Where the naive baseline's chain continues from (default: --from).")] = None,
+    previous: Annotated[list[Path] | None, typer.Option("--previous", help="Earlier versions' datasets, oldest first (repeatable).")] = None,
+    naive_from: Annotated[Path | None, typer.Option(help="Where the naive baseline's chain continues from (default: --from).")] = None,
     steps: Annotated[int, typer.Option(help="Offline gradient steps on the new data.")] = 5_000,
     ewc_weight: Annotated[float, typer.Option(help="EWC penalty weight.")] = 100.0,
     decay: Annotated[float, typer.Option(help="Online EWC decay of the accumulated Fisher.")] = 0.9,

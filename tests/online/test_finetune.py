@@ -14,13 +14,24 @@ from typer.testing import CliRunner
 from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, mc_returns
 from arl_models.checkpoint import read_config
 from arl_models.lagrange import PIDConfig
-from arl_models.online import FinetuneConfig, _after_round, _Round, build_algo, finetune, sample_mixed, warm_start
+from arl_models.online import (
+    FinetuneConfig,
+    _after_round,
+    _Round,
+    build_algo,
+    finetune,
+    sample_mixed,
+    warm_start,
+)
 from arl_models.replay import ReplayBuffer
 
 TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
 
 
-def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=PIDConfig(kp=0.0, ki=0.01, kd=0.0)):
+ASCENT = PIDConfig(kp=0.0, ki=0.01, kd=0.0)
+
+
+def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT):
     cfg = replace(TINY, pid=pid)
     algo = build_algo(read_config(tiny_cql), cfg)
     warm_start(algo, tiny_cql, budget=12.0)

@@ -1,0 +1,83 @@
+"""Benchmark: EWC continual learning over three versions of a task, against naive sequential fine-tuning
+(the baseline, trained in the same run from the same start).
+
+The chain: CQL on version 0's dataset, then ``train_continual`` on version 1 (EWC, and naive), then on
+version 2 (EWC continuing the EWC chain, naive continuing the naive chain). After each new version
+both policies are evaluated on every version; the issue's criteria, checked on the last step:
+mean forgetting with EWC <= 1/3 of naive's, and EWC's new-version score >= 0.9 x naive's.
+
+    python benchmarks/bench_continual.py --task safe-pendulum \
+        --data /tmp/d/pend-expert /tmp/cl/pend-1.1.0-expert /tmp/cl/pend-1.2.0-expert --json out.json
+
+Datasets come from ``arl data generate -t TASK@VERSION -q QUALITY`` (one per version, oldest first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="safe-pendulum")
+    p.add_argument("--data", type=Path, nargs=3, required=True, help="datasets of three versions, oldest first")
+    p.add_argument("--cql-steps", type=int, default=3000, help="CQL steps on version 0")
+    p.add_argument("--steps", type=int, default=2000, help="offline steps per new version")
+    p.add_argument("--n-action-samples", type=int, default=4)
+    p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--ewc-weight", type=float, default=100.0)
+    p.add_argument("--decay", type=float, default=0.9)
+    p.add_argument("--online-steps", type=int, default=0)
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-continual"))
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from arl_models.algos.cql import CQLConfig
+    from arl_models.algos.ewc import EWCConfig
+    from arl_models.continual import ContinualConfig, train_continual
+    from arl_models.offline import train_cql
+
+    t0 = time.perf_counter()
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    start = a.workdir / "v0-cql"
+    cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=3e-4, temp_lr=3e-4)
+    train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0)
+    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed),
+                          online_steps=a.online_steps, eval_episodes=a.eval_episodes)
+    ewc_from, naive_from, steps = start, start, []
+    for k in (1, 2):
+        out = a.workdir / f"v{k}"
+        rep = train_continual(ewc_from, a.data[k], out, previous=list(a.data[:k]), naive_from=naive_from,
+                              config=cfg, progress=False)
+        steps.append({name: {key: rep[name][key] for key in ("scores", "forgetting", "mean_forgetting", "new_score", "best_earlier")}
+                      for name in ("ewc", "naive")} | {"forgetting_ratio": rep["forgetting_ratio"], "new_score_ratio": rep["new_score_ratio"]})
+        print(json.dumps(steps[-1], indent=2), flush=True)
+        ewc_from, naive_from = out, out / "naive"
+    last = steps[-1]
+    fe, fn = last["ewc"]["mean_forgetting"], last["naive"]["mean_forgetting"]
+    report = {
+        "task": a.task, "datasets": [str(d) for d in a.data], "settings": vars(a) | {"data": [str(d) for d in a.data],
+                                                                                     "workdir": str(a.workdir), "json": str(a.json)},
+        "steps": steps,
+        "criteria": {
+            "ewc_forgetting_at_most_a_third_of_naive": fe <= fn / 3.0 if fn > 0 else fe <= 0.0,
+            "ewc_new_score_at_least_90pct_of_naive": last["ewc"]["new_score"] >= 0.9 * last["naive"]["new_score"],
+        },
+        "wall_s": time.perf_counter() - t0,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.json:
+        a.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

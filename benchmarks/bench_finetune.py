@@ -1,0 +1,106 @@
+"""Benchmark: constrained online fine-tuning from the offline CQL policy, against the same fine-tuning
+without the constraint (the baseline, from the same checkpoint, in the same run).
+
+Reported per task: the offline policy's evaluation (return, cost), the fine-tuned policies' mean over the
+last ``--last-evals`` evaluations, and the cumulative cost each incurred while learning. The issue's
+criteria: return >= 1.2 x the offline policy's (measured as improvement over |offline return| for
+negative-return tasks: ``(R - R0) >= 0.2 |R0|``), mean cost of the last evaluations <= budget, and
+cumulative cost <= 0.5 x the unconstrained run's.
+
+    python benchmarks/bench_finetune.py --task safe-pendulum --from CQL_DIR --steps 12000 --json out.json
+    python benchmarks/bench_finetune.py --task safe-hopper --from HOPPER_CQL_DIR --steps 200000 --num-envs 8
+
+Without ``--from``, ``--data`` and ``--cql-steps`` train the CQL start first (``train_cql``, demo preset,
+constrained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+
+def _run(args: tuple) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from arl_models.online import finetune
+
+    start, out, data, task, cfg = args
+    t0 = time.perf_counter()
+    final = finetune(start, out, task=task, data=data, config=cfg, progress=False)
+    rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/return" in r]
+    return {"final": final, "evals": evals, "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="safe-pendulum")
+    p.add_argument("--from", dest="start", type=Path, help="CQL checkpoint to fine-tune")
+    p.add_argument("--data", type=Path, help="offline dataset (default: the checkpoint's)")
+    p.add_argument("--cql-steps", type=int, default=5000)
+    p.add_argument("--steps", type=int, default=12_000, help="online environment steps")
+    p.add_argument("--num-envs", type=int, default=4)
+    p.add_argument("--eval-every", type=int, default=2, help="rounds")
+    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--last-evals", type=int, default=3)
+    p.add_argument("--conservative", default="none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+
+    from arl_models.online import FinetuneConfig
+
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    start = a.start
+    if start is None:
+        from arl_models.offline import train_cql
+
+        start = a.workdir / f"cql-{a.task}"
+        train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
+    cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, eval_every=a.eval_every,
+                         eval_episodes=a.eval_episodes, conservative=a.conservative)
+    runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
+    jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:  # the two runs side by side
+        results = dict(zip(runs, pool.map(_run, jobs), strict=True))
+
+    c = results["constrained"]
+    r0, c0 = c["final"]["online/initial_return"], c["final"]["online/initial_cost"]
+    budget = json.loads((jobs[0][1] / "config.json").read_text())["env"]["cost_budget"]
+
+    def last(res: dict, key: str) -> float:
+        return float(np.mean([e[key] for e in res["evals"][-a.last_evals :]]))
+
+    report = {
+        "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget,
+        "offline": {"return": r0, "cost": c0},
+        **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
+                  "cumulative_cost": res["final"]["online/cumulative_cost"],
+                  "violating_episodes": res["final"]["online/violating_episodes"],
+                  "episodes": res["final"]["online/episodes"], "wall_s": res["wall_s"],
+                  "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]]}
+           for name, res in results.items()},
+    }
+    rc = report["constrained"]
+    report["criteria"] = {
+        "return_20pct_above_offline": rc["last_eval_return"] - r0 >= 0.2 * abs(r0),
+        "cost_at_or_below_budget": rc["last_eval_cost"] <= budget,
+        "cumulative_cost_at_most_half_of_unconstrained": rc["cumulative_cost"] <= 0.5 * report["unconstrained"]["cumulative_cost"],
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.json:
+        a.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""EWC: the Fisher of a known Gaussian policy, the penalty's shape, and continual training end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from arl_models.algos.calql import CalQL, CalQLConfig
+from arl_models.algos.ewc import (
+    EWCConfig,
+    EWCPenalty,
+    compute_fisher,
+    critic_fisher,
+    current_anchor,
+    policy_fisher,
+)
+from arl_models.continual import ContinualConfig, train_continual
+from arl_models.nets import EnsembleCritic, TanhGaussianActor
+from tests.online.conftest import write_pendulum_data
+
+
+def _gaussian_actor():
+    torch.manual_seed(0)
+    actor = TanhGaussianActor(2, 1, (4,))
+    with torch.no_grad():
+        actor.log_std.bias.fill_(-0.7)
+        actor.log_std.weight.mul_(0.1)
+        actor.mu.weight.mul_(0.3)
+    return actor
+
+
+def test_policy_fisher_matches_the_gaussian_closed_form():
+    """For N(mu(s), sigma(s)^2) with mu = W h + b, log sigma = V h + c (tanh changes no parameter term):
+    F[W] = E[h^2 / sigma^2], F[b] = E[1 / sigma^2], F[V] = 2 E[h^2], F[c] = 2."""
+    actor = _gaussian_actor()
+    obs = torch.randn(20_000, 2)
+    f = policy_fisher(actor, obs, chunk=5_000)
+    with torch.no_grad():
+        h = actor.trunk(obs)
+        _, log_std = actor.dist_params(obs)
+        var = (2 * log_std).exp()
+    torch.testing.assert_close(f["mu.weight"][0], (h**2 / var).mean(0), rtol=0.06, atol=1e-3)
+    torch.testing.assert_close(f["mu.bias"][0], (1 / var).mean(), rtol=0.06, atol=1e-3)
+    torch.testing.assert_close(f["log_std.weight"][0], 2 * (h**2).mean(0), rtol=0.15, atol=1e-3)
+    torch.testing.assert_close(f["log_std.bias"][0], torch.tensor(2.0), rtol=0.15, atol=0.0)
+
+
+def test_critic_fisher_of_a_linear_critic_is_its_squared_input():
+    critic = EnsembleCritic(2, 1, (), ensemble=2)  # Q_e = w_e . [s, a] + b_e
+    obs, act = torch.randn(500, 2), torch.rand(500, 1)
+    f = critic_fisher(critic, obs, act)
+    x = torch.cat([obs, act], 1)
+    for e in range(2):
+        torch.testing.assert_close(f["out.weight"][e, :, 0], (x**2).mean(0))
+    torch.testing.assert_close(f["out.bias"], torch.ones(2, 1, 1))
+
+
+def test_penalty_is_zero_at_the_anchor_and_grows_quadratically():
+    algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
+    cfg = EWCConfig(samples=64)
+    obs, act = torch.randn(64, 3), torch.rand(64, 1) * 2 - 1
+    pen = EWCPenalty(compute_fisher(algo, obs, act, cfg), current_anchor(algo, cfg.networks), weight=3.0)
+    assert set(k.split(".")[0] for k in pen.fisher) == {"actor", "critic", "cost_critic"}
+    assert pen.penalty("actor", algo.actor).item() == 0.0
+    torch.manual_seed(1)
+    direction = {k: torch.randn_like(p) for k, p in algo.actor.named_parameters()}
+    values = []
+    for eps in (0.01, 0.02, 0.04):
+        with torch.no_grad():
+            for k, p in algo.actor.named_parameters():
+                p.copy_(pen.anchor[f"actor.{k}"] + eps * direction[k])
+        values.append(pen.penalty("actor", algo.actor).item())
+    assert values[0] > 0
+    assert values[1] / values[0] == pytest.approx(4.0, rel=1e-3) and values[2] / values[1] == pytest.approx(4.0, rel=1e-3)
+
+
+def test_online_ewc_decays_the_accumulated_fisher():
+    a = {"actor.w": torch.ones(3)}
+    pen = EWCPenalty({"actor.w": torch.full((3,), 2.0)}, a, 1.0).consolidate({"actor.w": torch.ones(3)}, a, decay=0.5)
+    torch.testing.assert_close(pen.fisher["actor.w"], torch.full((3,), 2.0))
+    again = EWCPenalty.from_tensors(pen.tensors(), 1.0)
+    torch.testing.assert_close(again.fisher["actor.w"], pen.fisher["actor.w"])
+
+
+def test_penalty_gradient_reaches_only_the_penalised_network():
+    algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
+    anchor = current_anchor(algo, ("actor",))
+    with torch.no_grad():
+        for p in algo.actor.parameters():
+            p.add_(0.1)
+    algo.regularizer = EWCPenalty({k: torch.ones_like(v) for k, v in anchor.items()}, anchor, 1.0)
+    loss, _, _ = algo.actor_loss(torch.randn(8, 3))
+    loss.backward()
+    assert all(p.grad is None for p in algo.critic.parameters())
+    assert algo.actor.mu.bias.grad is not None
+
+
+def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pendulum_data, tmp_path):
+    new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
+    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), eval_episodes=1, log_every=5)
+    report = train_continual(tiny_cql, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
+    for name in ("ewc", "naive"):
+        r = report[name]
+        assert r["versions"] == ["safe-pendulum@1.0.0", "safe-pendulum@1.1.0"]
+        assert set(r["forgetting"]) == {"safe-pendulum@1.0.0"}
+        k = "safe-pendulum@1.0.0"
+        assert r["forgetting"][k] == pytest.approx(r["best_earlier"][k] - r["scores"][k])
+        assert np.isfinite(r["new_score"])
+    assert (tmp_path / "cl" / "ewc.safetensors").is_file() and not (tmp_path / "cl" / "naive" / "ewc.safetensors").exists()
+    chain = json.loads((tmp_path / "cl" / "config.json").read_text())["continual"]
+    assert chain["datasets"] == [str(pendulum_data), str(new)]
+    assert json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"] == "safe-pendulum@1.1.0"
