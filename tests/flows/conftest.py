@@ -29,14 +29,16 @@ ENV = {
     "PREFECT_LOCAL_STORAGE_PATH": str(_HOME / "prefect" / "storage"),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "GX_ANALYTICS_ENABLED": "false",
-    "GIT_AUTHOR_NAME": "arl tests", "GIT_COMMITTER_NAME": "arl tests",
-    "GIT_AUTHOR_EMAIL": "tests@localhost", "GIT_COMMITTER_EMAIL": "tests@localhost",
+    "GIT_AUTHOR_NAME": "arl tests",
+    "GIT_COMMITTER_NAME": "arl tests",
+    "GIT_AUTHOR_EMAIL": "tests@localhost",
+    "GIT_COMMITTER_EMAIL": "tests@localhost",
 }
 _SAVED = {k: os.environ.get(k) for k in ENV}
 os.environ.update(ENV)
 
 # Tiny training for every pipeline test: seconds per stage, not minutes.
-TINY = {"bc_steps": 20, "cql_steps": 20, "eval_episodes": 0}
+TINY = {"bc_steps": 5, "cql_steps": 5, "eval_episodes": 0}
 GATE = {"eval_episodes": 2, "cost_budget": 1e9, "tolerance": 5.0}
 
 

@@ -31,9 +31,18 @@ def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -
 
 def pendulum_info() -> DatasetInfo:
     return DatasetInfo(
-        task="safe-pendulum", env_id="Pendulum-v1", env_version="1.0.0", obs_dim=3, action_dim=1,
-        action_low=[-2.0], action_high=[2.0], quality="random", ref_random_return=-1200.0,
-        ref_expert_return=-150.0, cost_budget=12.0, extra={"max_episode_steps": 200},
+        task="safe-pendulum",
+        env_id="Pendulum-v1",
+        env_version="1.0.0",
+        obs_dim=3,
+        action_dim=1,
+        action_low=[-2.0],
+        action_high=[2.0],
+        quality="random",
+        ref_random_return=-1200.0,
+        ref_expert_return=-150.0,
+        cost_budget=12.0,
+        extra={"max_episode_steps": 200},
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,11 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     mv = c.get_model_version(MODEL, champion)
     tags = mv.tags
     assert tags["arl.stage"] == "cql" and tags["arl.dataset_hash"] == demo_version["md5"]
-    assert tags["arl.env_version"] == "1.0.0" and tags["arl.policy_hash"] == "ab" * 32 and tags["arl.seed"] == "0"
+    assert (
+        tags["arl.env_version"] == "1.0.0"
+        and tags["arl.policy_hash"] == "ab" * 32
+        and tags["arl.seed"] == "0"
+    )
     assert tags["arl.git_commit"]
     assert {v["stage"] for v in first["versions"]} == {"bc", "cql"}
     import mlflow.pyfunc
@@ -75,7 +80,9 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert second["decision"]["alias"] == "challenger"
     assert registry.alias_version(MODEL, "champion", tracking_uri=_uri()) == champion
     loser = c.get_model_version(MODEL, second["decision"]["version"])
-    assert loser.tags["arl.promotion"] == "challenger" and "exceeds budget" in loser.tags["arl.promotion.reason"]
+    assert (
+        loser.tags["arl.promotion"] == "challenger" and "exceeds budget" in loser.tags["arl.promotion.reason"]
+    )
     assert c.get_run(second["run_id"]).data.tags["arl.promotion"] == "challenger"
 
 
@@ -95,7 +102,10 @@ def test_broken_metadata_stops_the_flow_before_training(demo_version: dict, tmp_
     champion_before = registry.alias_version(MODEL, "champion", tracking_uri=_uri())
 
     state = offline_to_online_flow(
-        DatasetRef(path=bad.path, version=bad.md5), TrainingConfig(**TINY), GateConfig(**GATE), return_state=True
+        DatasetRef(path=bad.path, version=bad.md5),
+        TrainingConfig(**TINY),
+        GateConfig(**GATE),
+        return_state=True,
     )
     assert state.is_failed()
     with pytest.raises(DataValidationError) as err:
@@ -103,10 +113,18 @@ def test_broken_metadata_stops_the_flow_before_training(demo_version: dict, tmp_
     assert "expect_column_values_to_match_regex on column 'policy_hash'" in str(err.value)
     assert "NOT-A-HASH" in str(err.value)
 
-    # the Prefect log names the expectation and shows the values
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-    assert any("policy_hash" in log.message and "NOT-A-HASH" in log.message for log in logs)
+    # the Prefect log names the expectation and shows the values (logs reach the server in batches)
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()
+    flow_run_id = state.state_details.flow_run_id
+    deadline, found = time.monotonic() + 20, False
+    while not found and time.monotonic() < deadline:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        found = any("policy_hash" in log.message and "NOT-A-HASH" in log.message for log in logs)
+        time.sleep(0 if found else 1)
+    assert found
 
     # nothing trained, nothing registered, the champion untouched
     failed = c.search_runs(
@@ -155,7 +173,9 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
     shutil.rmtree(Path(state_paths().home).parent / "prefect" / "storage", ignore_errors=True)
     again = offline_to_online_flow(
         DatasetRef(path=demo_version["path"], version=demo_version["md5"]),
-        TrainingConfig(seed=7, **TINY), GateConfig(**GATE), refresh_cache=True,
+        TrainingConfig(seed=7, **TINY),
+        GateConfig(**GATE),
+        refresh_cache=True,
     )
     assert calls["bc"] == 1 and calls["cql"] == 1
     assert _children(again["run_id"])["cql"].data.tags["arl.reused_checkpoint"] == "true"

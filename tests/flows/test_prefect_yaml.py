@@ -55,7 +55,9 @@ def test_schedules(deployments: dict[str, dict]) -> None:
     assert "schedules" not in deployments["ingest"] and "schedules" not in deployments["retrain-on-new-data"]
 
 
-def test_retrain_trigger_matches_the_pushed_event_and_templates_its_hash(deployments: dict[str, dict]) -> None:
+def test_retrain_trigger_matches_the_pushed_event_and_templates_its_hash(
+    deployments: dict[str, dict],
+) -> None:
     import jinja2
     from prefect.events import DeploymentEventTrigger
     from prefect.events.schemas.events import Event

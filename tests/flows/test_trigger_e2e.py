@@ -36,7 +36,12 @@ def worker(prefect_server: str, demo_version: dict, tmp_path_factory: pytest.Tem
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentUpdate
 
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PWD": str(ROOT), "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_server,
+        "PWD": str(ROOT),
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+    }
     created = _prefect("work-pool", "create", "local", "--type", "process", "--overwrite", env=env)
     assert created.returncode == 0, created.stdout + created.stderr
     deployed = _prefect("--no-prompt", "deploy", "--name", "retrain-on-new-data", env=env)
@@ -47,8 +52,20 @@ def worker(prefect_server: str, demo_version: dict, tmp_path_factory: pytest.Tem
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("prefect")), "worker", "start", "--pool", "local", "--type", "process"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                str(Path(sys.executable).with_name("prefect")),
+                "worker",
+                "start",
+                "--pool",
+                "local",
+                "--type",
+                "process",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     yield dep, log
     os.killpg(proc.pid, signal.SIGTERM)
@@ -73,7 +90,9 @@ def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(wor
     deadline, runs = time.monotonic() + TIMEOUT_S, []
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id]))
+            )
             if runs and runs[0].state is not None and runs[0].state.is_final():
                 break
             time.sleep(2)
