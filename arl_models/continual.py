@@ -28,7 +28,13 @@ from safetensors.torch import load_file, save_file
 
 from arl_models.algos.calql import CalQL, CalQLConfig
 from arl_models.algos.ewc import EWCConfig, EWCPenalty, compute_fisher, current_anchor
-from arl_models.checkpoint import config_from_dict, has_train_state, load_policy, load_train_state, read_config
+from arl_models.checkpoint import (
+    config_from_dict,
+    has_train_state,
+    load_policy,
+    load_train_state,
+    read_config,
+)
 from arl_models.data.dataset import DatasetInfo, read_dataset
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import evaluate

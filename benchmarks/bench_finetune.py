@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def main() -> None:
                          eval_episodes=a.eval_episodes, conservative=a.conservative)
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
-    with mp.get_context("spawn").Pool(len(jobs)) as pool:  # the two runs side by side
+    # the two runs side by side (executor workers may start their own env workers; Pool's may not)
+    with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
         results = dict(zip(runs, pool.map(_run, jobs), strict=True))
 
     c = results["constrained"]
