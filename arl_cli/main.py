@@ -176,19 +176,18 @@ def evaluate_cmd(
     )
 
 
-def _mount_optional() -> None:
-    """Sub-apps of the orchestration layers, mounted when their modules are present."""
+def _mount() -> None:
+    """The other faces: cluster templates, the orchestrated pipeline, the online stages."""
     import importlib
 
     for module, name in (("arl_cli.infra", "infra"), ("arl_cli.pipeline", "pipeline")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            continue
-        app.add_typer(mod.app, name=name)
+        app.add_typer(importlib.import_module(module).app, name=name)
+    online = importlib.import_module("arl_cli.online")
+    app.command("finetune")(online.finetune_cmd)
+    app.command("continual")(online.continual_cmd)
 
 
-_mount_optional()
+_mount()
 
 if __name__ == "__main__":
     app()
