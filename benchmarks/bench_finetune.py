@@ -53,11 +53,15 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--last-evals", type=int, default=3)
     p.add_argument("--conservative", default="none")
+    p.add_argument("--kp", type=float, default=0.05, help="multiplier gains (per round of episodes)")
+    p.add_argument("--ki", type=float, default=0.02)
+    p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
     p.add_argument("--json", type=Path)
     a = p.parse_args()
 
+    from arl_models.lagrange import PIDConfig
     from arl_models.online import FinetuneConfig
 
     a.workdir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +72,8 @@ def main() -> None:
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
     cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative)
+                         eval_episodes=a.eval_episodes, conservative=a.conservative,
+                         pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
@@ -84,6 +89,7 @@ def main() -> None:
 
     report = {
         "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget,
+        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
                   "cumulative_cost": res["final"]["online/cumulative_cost"],
