@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
                 args.eval_episodes,
                 args.peer_lagrangian,
             )
+            if args.json:  # partial results survive an interrupted run
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(results | {key: {"runs": runs}}, indent=2) + "\n")
         results[key] = {"dataset": str(path), "runs": runs, "summary": summarise(key, runs)}
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -143,12 +143,12 @@ def summary(rates: dict[str, list[float]]) -> dict[str, float]:
 
 
 # ---- the contestants ----------------------------------------------------------------------------------
-def build(data_rows: int, seed: int, cost_critic: bool):
+def build(data_rows: int, seed: int, cost_critic: bool, preset: str = "paper"):
     t = random_transitions(data_rows, OBS, ACT, seed=seed)
     scaler = ActionScaler(-np.ones(ACT, np.float32), np.ones(ACT, np.float32))
     buf = ReplayBuffer.from_transitions(t, scaler)
     mdp = to_mdp_dataset(t)
-    p = get_preset("paper")
+    p = get_preset(preset)
     cql_cfg = replace(p.cql, seed=seed, learn_cost=False)
     ours = CQL(OBS, ACT, cql_cfg)
     ours_cost = CQL(OBS, ACT, replace(cql_cfg, learn_cost=True)) if cost_critic else None
@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--steps", type=int, default=15, help="CQL gradient steps per contestant per round (BC: 10x)"
     )
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--preset", default="paper", help="network sizes and learning rates of both (paper: 256x256)"
+    )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", type=int, default=100_000, help="transitions in the random dataset")
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"torch {torch.__version__}, d3rlpy {d3rlpy.__version__}, threads {torch.get_num_threads()}")
     gemm_before = gemm_rates()
     buf, mdp, ours, ours_cost, peer, bc_ours, bc_peer, cfg = build(
-        args.rows, args.seed, not args.no_cost_critic
+        args.rows, args.seed, not args.no_cost_critic, args.preset
     )
     B = cfg.batch_size
 
@@ -330,7 +333,9 @@ def report(r: dict) -> None:
         "\nfloat32 GEMM (GFLOP/s, best of before/after): " + ", ".join(f"{k} {v:.1f}" for k, v in g.items())
     )
     c = r["cql"]
-    print(f"\nCQL (paper shapes), {c['flops_per_step']['total'] / 1e9:.2f} GFLOP/step (analytic)")
+    print(
+        f"\nCQL ({r['config']['preset']} shapes), {c['flops_per_step']['total'] / 1e9:.2f} GFLOP/step (analytic)"
+    )
     print(f"{'':18s} {'steps/s':>9s} {'rounds':>40s}")
     for k, v in c["steps_per_s"].items():
         rounds = " ".join(f"{x:.1f}" for x in c["steps_per_s_rounds"][k])
@@ -350,7 +355,7 @@ def report(r: dict) -> None:
     )
     b = r["bc"]
     print(
-        f"\nBC (gaussian, 256x256, batch 256): ours {b['steps_per_s']['ours']:.1f}, d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, "
+        f"\nBC (gaussian, {r['config']['preset']} shapes, batch 256): ours {b['steps_per_s']['ours']:.1f}, d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, "
         f"ratio {b['ratio']:.2f}x   (target >= 3x)"
     )
     print(
