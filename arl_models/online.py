@@ -73,7 +73,7 @@ class FinetuneConfig:
     """Penalise the actor with the episode-cost multiplier; ``False`` is the unconstrained baseline."""
     cost_budget: float | None = None
     """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
-    pid: PIDConfig = PIDConfig(kp=0.05, ki=0.02, kd=0.0)
+    pid: PIDConfig = PIDConfig(kp=0.1, ki=0.05, kd=0.0)
     """Gains of the multiplier on episode cost (per round); its state carries over from the offline stage."""
     online_capacity: int = 1_000_000
     eval_every: int = 5
