@@ -39,7 +39,8 @@ class EnsembleLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (E, B, in) or (B, in) shared by all members -> (E, B, out)
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.weight.shape[0], -1, -1)
+            # materialised: a stride-0 batch sends the weight gradient down a slow GEMM path
+            x = x.unsqueeze(0).expand(self.weight.shape[0], -1, -1).contiguous()
         return torch.baddbmm(self.bias, x, self.weight)
 
 
@@ -56,7 +57,7 @@ class EnsembleCritic(nn.Module):
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, act], dim=-1)  # (B, O+A)
         for layer in self.hidden:
-            x = F.relu(layer(x))  # (E, B, H)
+            x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
         return self.out(x).squeeze(-1)  # (E, B)
 
 
