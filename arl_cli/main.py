@@ -182,6 +182,12 @@ def _mount() -> None:
 
     for module, name in (("arl_cli.infra", "infra"), ("arl_cli.pipeline", "pipeline")):
         app.add_typer(importlib.import_module(module).app, name=name)
+    pipeline = importlib.import_module("arl_cli.pipeline")  # light: typer only
+    app.command("up")(pipeline.up_cmd)
+    app.command("down")(pipeline.down_cmd)
+    app.command("compare")(pipeline.compare_cmd)
+    data_app.command("validate")(pipeline.validate_cmd)
+    data_app.command("push")(pipeline.push_cmd)
     online = importlib.import_module("arl_cli.online")
     app.command("finetune")(online.finetune_cmd)
     app.command("continual")(online.continual_cmd)
