@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL, CQLConfig
@@ -106,7 +107,8 @@ def train_bc(
 
 
 def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
-    """The episode budget as a limit on the discounted cost value ``Q_c``: budget / T per step, over 1/(1-gamma)."""
+    """The episode budget as a limit on the discounted cost value ``Q_c`` of an average state:
+    budget / T per step, over 1/(1-gamma)."""
     if info.cost_budget is None:
         return None
     t = horizon or int(info.extra.get("max_episode_steps", 1000))
@@ -126,9 +128,13 @@ def train_cql(
     p = get_preset(preset)
     t, info = read_dataset(data)
     cfg = replace(config or p.cql, seed=seed)
-    if constrained and cfg.cost_q_limit is None:
-        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma))
+    starts = t.obs[t.step == 0]
+    if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
+        # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
+        cfg = replace(cfg, cost_q_limit=info.cost_budget if len(starts) else cql_cost_limit(info, cfg.gamma))
     algo = CQL(info.obs_dim, info.action_dim, cfg)
+    if constrained and len(starts):
+        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
     extra: dict[str, Any] = {}
     if init_actor is not None:
         from safetensors.torch import load_file
