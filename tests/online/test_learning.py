@@ -32,5 +32,6 @@ def test_finetuning_improves_on_the_offline_policy_within_budget(tmp_path):
     offline, online = final["online/initial_return"], final["eval/return"]
     assert online - offline >= 0.2 * abs(offline), (offline, online)
     eps = [json.loads(ln) for ln in (tmp_path / "ft" / "episodes.jsonl").read_text().splitlines()]
-    late_cost = np.mean([e["cost"] for e in eps[-8:]])
-    assert late_cost <= 2.0 * spec.cost_budget, late_cost
+    late = np.array([e["cost"] for e in eps[-16:]])  # the last four rounds
+    assert np.median(late) <= 1.5 * spec.cost_budget, late
+    assert (late > 2.0 * spec.cost_budget).mean() <= 0.25, late  # occasional spinning episodes, not the rule
