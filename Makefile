@@ -37,13 +37,20 @@ lint: setup
 	$(BIN)/ruff check arl_models arl_cli tasks flows tests benchmarks
 	$(BIN)/mypy arl_models
 
-# Peer libraries (d3rlpy) pin their own ranges: they get an environment of their own.
+# Peer libraries for benchmarks get an environment of their own: d3rlpy 2.8.1 pins gymnasium==1.0.0,
+# arl_models needs 1.4.0, so d3rlpy goes in without its pins (see benchmarks/README.md).
 bench-env: setup
 	test -x .venv-bench/bin/python || $(PYTHON) -m venv .venv-bench
-	.venv-bench/bin/python -m pip install -q "torch==2.13.0" -e ".[bench]"
+	.venv-bench/bin/pip install -q torch==2.13.0
+	echo "torch==2.13.0" > .venv-bench/torch-constraint.txt
+	.venv-bench/bin/pip install -q -c .venv-bench/torch-constraint.txt -r requirements/bench.txt
+	.venv-bench/bin/pip install -q --no-deps d3rlpy==2.8.1
+	.venv-bench/bin/pip install -q --no-deps -e .
 
 bench: bench-env
 	.venv-bench/bin/python benchmarks/bench_offline_throughput.py
+	.venv-bench/bin/python benchmarks/bench_offline_quality.py
+	$(BIN)/python benchmarks/bench_dataset_io.py
 
 # Regenerate the lock after changing requirements/lock.in (about 6 s).
 lock:

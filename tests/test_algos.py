@@ -140,3 +140,20 @@ def test_lagrangian_conservative_weight_rises_when_gap_exceeds_threshold():
     for _ in range(5):
         algo.update(buf.sample(32))
     assert algo.conservative_weight() > w0
+
+
+def test_bf16_critic_pass_tracks_float32():
+    """The opt-in bf16 critic pass gives finite losses and Q values close to the float32 ones."""
+    cfgs = [CQLConfig(**SMALL, n_action_samples=4, seed=1, critic_precision=p) for p in ("float32", "bfloat16")]
+    buf = _buffer()
+    torch.manual_seed(0)
+    batch = buf.sample(32)
+    outs = []
+    for cfg in cfgs:
+        algo = CQL(3, 1, cfg)
+        torch.manual_seed(1)
+        na, nl = algo.actor.sample(batch.next_obs)
+        losses, q_data = algo.compute_losses(batch, na, nl)
+        assert q_data.dtype == torch.float32 and torch.isfinite(losses.td + losses.conservative)
+        outs.append(q_data)
+    torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
