@@ -61,6 +61,9 @@ def run_cmd(
     seed: int = 0,
     bc_steps: Annotated[int | None, typer.Option(help="BC steps (preset default if unset).")] = None,
     cql_steps: Annotated[int | None, typer.Option(help="CQL steps (preset default if unset).")] = None,
+    finetune_steps: Annotated[
+        int | None, typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage).")
+    ] = None,
     eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
     gate_episodes: Annotated[int, typer.Option(help="Episodes of the final evaluation.")] = 10,
     cost_budget: Annotated[
@@ -70,7 +73,7 @@ def run_cmd(
         bool, typer.Option(help="Retrain stages even when a finished result is cached.")
     ] = False,
 ) -> None:
-    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> CQL -> evaluate -> register -> gate."""
+    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> CQL -> fine-tuning -> evaluate -> register -> gate."""
     _environment()
     from flows.ingest import ingest_flow
     from flows.offline_to_online import offline_to_online_flow
@@ -84,7 +87,8 @@ def run_cmd(
     result = offline_to_online_flow(
         DatasetRef(path=dataset, version=version),
         TrainingConfig(
-            preset=preset, seed=seed, bc_steps=bc_steps, cql_steps=cql_steps, eval_episodes=eval_episodes
+            preset=preset, seed=seed, bc_steps=bc_steps, cql_steps=cql_steps,
+            finetune_steps=finetune_steps, eval_episodes=eval_episodes,
         ),
         GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget),
         refresh_cache=refresh,

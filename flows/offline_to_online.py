@@ -1,7 +1,7 @@
-"""``offline_to_online_flow``: pull -> validate -> BC -> CQL -> [fine-tuning -> EWC] -> evaluate -> register -> gate.
+"""``offline_to_online_flow``: pull -> validate -> BC -> CQL -> fine-tuning -> [EWC] -> evaluate -> register -> gate.
 
-Stages 3 and 4 (constrained online fine-tuning, EWC continual learning) belong to the online issue and
-are not delivered yet: the place they go is marked below; nothing stands in for them.
+Stage 4 (EWC continual learning across data versions) is not wired into the flow yet: the place it goes
+is marked below; nothing stands in for it. ``arl continual`` runs it by hand.
 """
 
 from __future__ import annotations
@@ -96,9 +96,11 @@ def offline_to_online_flow(
         bc = _stage("bc", 1, data, training, run_id, uri, str(paths.runs), refresh_cache)
         failed_stage = "cql"
         cql = _stage("cql", 2, data, training, run_id, uri, str(paths.runs), refresh_cache, init_from=bc)
-        final = cql
-        # ---- stage 3: constrained online fine-tuning (arl_models.online) goes here once delivered:
-        #      final = finetune_stage(..., init_from=cql)
+        stages = [bc, cql]
+        if training.finetune_steps != 0:
+            failed_stage = "finetune"
+            stages.append(_stage("finetune", 3, data, training, run_id, uri, str(paths.runs), refresh_cache, init_from=cql))
+        final = stages[-1]
         # ---- stage 4: EWC continual learning (arl_models.continual), when earlier data versions exist
         #      (the champion's arl.dataset_hash differs from data["md5"]): final = ewc_stage(..., init_from=final)
         #      and its measured forgetting goes into the gate's candidate below.
@@ -107,7 +109,7 @@ def offline_to_online_flow(
             final["checkpoint"], final["stage"], run_id, uri, gate.eval_episodes, gate.eval_seed
         )
         failed_stage = "register"
-        versions = [register_stage_policy(s, data, model_name, commit, uri) for s in (bc, cql)]
+        versions = [register_stage_policy(s, data, model_name, commit, uri) for s in stages]
         failed_stage = "promote"
         candidate = {
             "score": evaluation["score"],
@@ -148,7 +150,7 @@ def offline_to_online_flow(
     return {
         "run_id": run_id,
         "dataset": data,
-        "stages": {"bc": bc, "cql": cql},
+        "stages": {s["stage"]: s for s in stages},
         "evaluation": evaluation,
         "versions": versions,
         "decision": decision,

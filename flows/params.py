@@ -39,16 +39,26 @@ class TrainingConfig(BaseModel):
         None, ge=0, description="Evaluation episodes during training (empty: the preset's)."
     )
     constrained: bool = Field(True, description="Hold CQL's actor to the dataset's cost budget (Lagrangian).")
+    finetune_steps: int | None = Field(
+        None, ge=0, description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it)."
+    )
+    finetune_envs: int = Field(4, gt=0, description="Parallel environments during fine-tuning.")
+    finetune_vector: Literal["sync", "async"] = Field(
+        "sync", description="sync: environments in the flow's process; async: one worker process each."
+    )
 
     def stage_settings(self, stage: str) -> dict:
-        steps = self.bc_steps if stage == "bc" else self.cql_steps
-        return {
+        steps = {"bc": self.bc_steps, "cql": self.cql_steps, "finetune": self.finetune_steps}[stage]
+        settings = {
             "preset": self.preset,
             "seed": self.seed,
             "steps": steps,
             "eval_episodes": self.eval_episodes,
             "constrained": self.constrained,
         }
+        if stage == "finetune":
+            settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
+        return settings
 
 
 class GateConfig(BaseModel):

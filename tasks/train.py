@@ -23,7 +23,7 @@ from prefect import get_run_logger, task
 
 from tasks import tracking
 
-STAGES = ("bc", "cql")
+STAGES = ("bc", "cql", "finetune")
 CURVES = {
     "learning_curve.png": lambda k: (
         k.startswith("train/loss_") or k in ("eval/normalized_score", "train/q_data")
@@ -39,6 +39,10 @@ def library_config(stage: str, preset: str) -> dict[str, Any]:
     from arl_models.presets import get_preset
 
     p = get_preset(preset)
+    if stage == "finetune":
+        from arl_models.online import FinetuneConfig
+
+        return {"config": dataclasses.asdict(FinetuneConfig()), "default_steps": p.finetune_steps}
     cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
     return {"config": dataclasses.asdict(cfg), "default_steps": steps}
 
@@ -76,7 +80,8 @@ def _finished(out: Path, steps: int) -> dict[str, float] | None:
     if not f.is_file():
         return None
     metrics = json.loads(f.read_text())
-    return metrics if metrics.get("steps", 0) >= steps and "wall_time_s" in metrics else None
+    done = metrics.get("steps", metrics.get("online/env_steps_total", 0))
+    return metrics if done >= steps and "wall_time_s" in metrics else None
 
 
 def _target_steps(stage: str, settings: dict[str, Any]) -> int:
@@ -113,6 +118,14 @@ def _train(
     }
     if stage == "bc":
         return train_bc(data_dir, out, **common)
+    if stage == "finetune":
+        from arl_models.online import FinetuneConfig, finetune
+
+        cfg = FinetuneConfig(
+            seed=settings["seed"], steps=_target_steps(stage, settings), vector=settings.get("vector", "sync"),
+            num_envs=settings.get("num_envs", 4), eval_episodes=settings.get("eval_episodes") or 0,
+        )
+        return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
     return train_cql(
         data_dir, out, init_actor=init_actor, constrained=settings.get("constrained", True), **common
     )
@@ -134,10 +147,10 @@ def train_stage(
     runs_dir: str,
     init_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train ``stage`` (``bc`` | ``cql``) on the pulled dataset; returns the checkpoint and its metrics.
+    """Train ``stage`` (``bc`` | ``cql`` | ``finetune``) on the pulled dataset; returns the checkpoint and its metrics.
 
     ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``.
-    ``init_from``: the upstream stage's result (CQL starts its actor from BC's).
+    ``init_from``: the upstream stage's result (CQL starts its actor from BC's; fine-tuning from CQL).
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")

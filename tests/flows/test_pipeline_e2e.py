@@ -48,7 +48,9 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert parent.info.status == "FINISHED" and parent.data.tags["arl.dataset.md5"] == demo_version["md5"]
     assert [d.dataset.digest for d in parent.inputs.dataset_inputs] == [demo_version["md5"]]
     stages = _children(first["run_id"])
-    assert set(stages) == {"validate", "bc", "cql", "evaluate"}
+    assert set(stages) == {"validate", "bc", "cql", "finetune", "evaluate"}
+    finetune = stages["finetune"]
+    assert {"online/lagrange_multiplier", "online/cumulative_cost"} <= set(finetune.data.metrics)
     cql = stages["cql"]
     assert {"train/loss_critic", "train/lagrange_multiplier", "train/q_data"} <= set(cql.data.metrics)
     assert len(c.get_metric_history(cql.info.run_id, "train/loss_critic")) >= 1
@@ -59,14 +61,14 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     # the registry: every stage's policy, with its trace tags, loadable for inference
     mv = c.get_model_version(MODEL, champion)
     tags = mv.tags
-    assert tags["arl.stage"] == "cql" and tags["arl.dataset_hash"] == demo_version["md5"]
+    assert tags["arl.stage"] == "finetune" and tags["arl.dataset_hash"] == demo_version["md5"]
     assert (
         tags["arl.env_version"] == "1.0.0"
         and tags["arl.policy_hash"] == "ab" * 32
         and tags["arl.seed"] == "0"
     )
     assert tags["arl.git_commit"]
-    assert {v["stage"] for v in first["versions"]} == {"bc", "cql"}
+    assert {v["stage"] for v in first["versions"]} == {"bc", "cql", "finetune"}
     import mlflow.pyfunc
     import numpy as np
 
