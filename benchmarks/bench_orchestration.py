@@ -76,7 +76,8 @@ def main() -> None:
         t0 = time.perf_counter()
         result = offline_to_online_flow(
             DatasetRef(path=version["path"], version=version["md5"]),
-            TrainingConfig(preset=args.preset, seed=0, bc_steps=args.bc_steps, cql_steps=args.cql_steps),
+            # the bare side runs the offline stages only, so fine-tuning is left out of the flow here too
+            TrainingConfig(preset=args.preset, seed=0, bc_steps=args.bc_steps, cql_steps=args.cql_steps, finetune_steps=0),
             GateConfig(eval_episodes=args.episodes),
             refresh_cache=True,
         )
