@@ -38,6 +38,9 @@ def _environment() -> None:
             os.environ.setdefault(k, v)
         typer.echo(f"using the running stack: Prefect {urls.prefect_ui}, MLflow {urls.mlflow}")
     os.environ.setdefault("PREFECT_HOME", str(paths.prefect_home))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect makes only the last level
+    # the temporary server's first start runs its migrations: slow on 2 busy cores (default 20 s)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
