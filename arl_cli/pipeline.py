@@ -106,7 +106,7 @@ def _print_result(result: dict) -> None:
         m = s["metrics"]
         score = m.get("eval/normalized_score")
         typer.echo(
-            f"  {name:4s} {int(s['steps']):>7d} steps  score {score if score is None else round(score, 1)!s:>6}  {s['checkpoint']}"
+            f"  {name:8s} {int(s['steps']):>7d} steps  score {score if score is None else round(score, 1)!s:>6}  {s['checkpoint']}"
         )
     typer.echo(
         f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} (budget {ev['cost_budget']:g})"

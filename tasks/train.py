@@ -120,10 +120,13 @@ def _train(
         return train_bc(data_dir, out, **common)
     if stage == "finetune":
         from arl_models.online import FinetuneConfig, finetune
+        from arl_models.presets import get_preset
 
+        episodes = settings.get("eval_episodes")
         cfg = FinetuneConfig(
             seed=settings["seed"], steps=_target_steps(stage, settings), vector=settings.get("vector", "sync"),
-            num_envs=settings.get("num_envs", 4), eval_episodes=settings.get("eval_episodes") or 0,
+            num_envs=settings.get("num_envs", 4),
+            eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
         )
         return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
     return train_cql(
@@ -191,7 +194,7 @@ def train_stage(
     logger.info(
         "%s done: %s",
         stage,
-        {k: round(v, 3) for k, v in final.items() if k.startswith(("eval/", "train/loss"))},
+        {k: round(v, 3) for k, v in final.items() if k.startswith(("eval/", "train/loss", "online/cumul"))},
     )
     return {
         "stage": stage,
