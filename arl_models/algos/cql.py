@@ -39,6 +39,8 @@ class CQLConfig(SACConfig):
     alpha_lr: float = 1e-4
     """Learning rate of the conservative weight's multiplier (Lagrangian variant only)."""
     init_alpha: float = 1.0
+    backup_entropy: bool = False
+    """Subtract the entropy term in the TD target as SAC does; CQL (the paper, d3rlpy, CORL) does not."""
     critic_precision: str = "float32"
     """``bfloat16`` runs the fused critic pass (all ``1 + 3N`` action sets) under bf16 autocast with
     float32 weights and losses: about 2.6x faster on CPUs with AVX512-BF16, at bf16's 8-bit mantissa."""
@@ -82,6 +84,12 @@ class CQL(SAC):
 
     def parameters(self) -> dict[str, nn.Parameter]:
         return super().parameters() | {"log_alpha": self.log_alpha}
+
+    def td_target(self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor) -> torch.Tensor:
+        if self.cfg.backup_entropy:
+            return super().td_target(batch, next_act, next_logp)
+        q_next = self.critic_target(batch.next_obs, next_act).min(0).values  # (B,)
+        return batch.rew + self.cfg.gamma * (1.0 - batch.done) * q_next
 
     def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
         """Copy a BC actor's matching weights (trunk and mean head); returns the keys copied."""
