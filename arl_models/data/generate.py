@@ -162,7 +162,6 @@ def generate_dataset(
     cfg = behaviour_config(spec.name, behaviour_steps, seed)
     bdir = Path(behaviour_dir) if behaviour_dir else default_behaviour_dir(spec, cfg)
     if not (bdir / "behaviour.json").is_file():
-        torch.set_num_threads(max(1, torch.get_num_threads()))
         train_behaviour(spec, bdir, cfg, progress)
     refs = json.loads((bdir / "behaviour.json").read_text())
     env_rec = _env_record(spec)
