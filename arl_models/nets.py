@@ -20,7 +20,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.
     layers: list[nn.Module] = []
     d = in_dim
     for h in hidden:
-        layers += [nn.Linear(d, h), nn.ReLU()]
+        layers += [nn.Linear(d, h), nn.ReLU(inplace=True)]  # in place: addmm's backward does not need its output
         d = h
     if out_dim is not None:
         layers.append(nn.Linear(d, out_dim))
