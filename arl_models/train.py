@@ -78,11 +78,10 @@ def fit(
                 sinks.log(latest, step)
                 bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in list(latest.items())[:3]})
                 window, count = {}, 0
-            if step % save_every == 0 or step == steps:
-                save_checkpoint(out, algo, record)
             if stop_after is not None and step - start >= stop_after:
+                break  # the checkpoint after the loop is the one a rerun resumes from
+            if step % save_every == 0 and step < steps:
                 save_checkpoint(out, algo, record)
-                break
     finally:
         bar.close()
     final = {**latest, "steps": float(algo.step), "wall_time_s": time.perf_counter() - t0}
