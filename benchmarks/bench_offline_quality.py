@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peer import d3rlpy_act_fn, d3rlpy_cql, to_mdp_dataset  # noqa: E402
+from peer import d3rlpy_act_fn, d3rlpy_cql_like, to_mdp_dataset  # noqa: E402
 
 from arl_models.algos.cql import CQL, CQLConfig  # noqa: E402
 from arl_models.data.dataset import SIDECAR_FILE, DatasetInfo, Transitions, read_dataset  # noqa: E402
@@ -85,21 +85,8 @@ def run_seed(
     ours = CQL(info.obs_dim, info.action_dim, cfg)
     d3rlpy.seed(cfg.seed)
     peer_data = peer_dataset(t)
-    peer = d3rlpy_cql(
-        peer_data,
-        hidden=cfg.hidden,
-        batch_size=cfg.batch_size,
-        n_action_samples=cfg.n_action_samples,
-        n_critics=cfg.n_critics,
-        actor_lr=cfg.actor_lr,
-        critic_lr=cfg.critic_lr,
-        temp_lr=cfg.temp_lr,
-        alpha_lr=1e-4 if peer_lagrangian else 0.0,
-        conservative_weight=cfg.conservative_weight,
-        gamma=cfg.gamma,
-        tau=cfg.tau,
-        action_low=low,
-        action_high=high,
+    peer = d3rlpy_cql_like(
+        peer_data, cfg, alpha_lr=1e-4 if peer_lagrangian else 0.0, action_low=low, action_high=high
     )
     acts = {"ours": lambda o: scaler.unnormalize(ours.act(o)), "d3rlpy": d3rlpy_act_fn(peer)}
     steps_fn = {

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peer import d3rlpy_bc, d3rlpy_cql, random_transitions, to_mdp_dataset  # noqa: E402
+from peer import d3rlpy_bc, d3rlpy_cql_like, random_transitions, to_mdp_dataset  # noqa: E402
 
 from arl_models.algos.bc import BC  # noqa: E402
 from arl_models.algos.cql import CQL  # noqa: E402
@@ -153,21 +153,7 @@ def build(data_rows: int, seed: int, cost_critic: bool, preset: str = "paper"):
     ours = CQL(OBS, ACT, cql_cfg)
     ours_cost = CQL(OBS, ACT, replace(cql_cfg, learn_cost=True)) if cost_critic else None
     ours_bf16 = CQL(OBS, ACT, replace(cql_cfg, critic_precision="bfloat16"))
-    c = p.cql
-    peer = d3rlpy_cql(
-        mdp,
-        hidden=c.hidden,
-        batch_size=c.batch_size,
-        n_action_samples=c.n_action_samples,
-        n_critics=c.n_critics,
-        actor_lr=c.actor_lr,
-        critic_lr=c.critic_lr,
-        temp_lr=c.temp_lr,
-        alpha_lr=1e-4,
-        conservative_weight=c.conservative_weight,
-        gamma=c.gamma,
-        tau=c.tau,
-    )
+    peer = d3rlpy_cql_like(mdp, p.cql, alpha_lr=1e-4)  # d3rlpy's default: Lagrangian alpha
     bc_ours = BC(OBS, ACT, replace(p.bc, seed=seed))
     bc_peer = d3rlpy_bc(
         mdp, hidden=p.bc.hidden, batch_size=p.bc.batch_size, lr=p.bc.lr, policy_type="stochastic"
