@@ -191,6 +191,7 @@ def _mount() -> None:
     online = importlib.import_module("arl_cli.online")
     app.command("finetune")(online.finetune_cmd)
     app.command("continual")(online.continual_cmd)
+    app.command("doctor")(importlib.import_module("arl_cli.doctor").doctor_cmd)
 
 
 _mount()
