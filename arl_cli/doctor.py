@@ -296,8 +296,10 @@ def check_latency(rollout, replay_size: int, batch: int, updates_per_s: float, t
 # ---------------------------------------------------------------- stress run and verdict
 def check_stress(spec, seconds: float) -> Check:
     mod = _optional("arl_models.online_async")
-    if mod is None or not hasattr(mod, "stress_run"):
+    if mod is None:
         return Check("async_stress", "stress", "skip", "arl_models.online_async is not present (no asynchronous loop yet)")
+    if not hasattr(mod, "stress_run"):
+        return Check("async_stress", "stress", "skip", "arl_models.online_async has no stress_run(task, seconds) -> RateReading")
     reading = mod.stress_run(spec.key, seconds=seconds)
     return Check("async_stress", "stress", "pass", f"{seconds:g} s of the asynchronous pipeline",
                  reading.produced_per_s, "transitions/s", details={"reading": asdict(reading)})
