@@ -5,7 +5,7 @@ These are what the ``arl train`` command and the pipeline's Prefect tasks call.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from arl_models.envs.registry import get_task
 from arl_models.evaluate import EvalResult, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.presets import get_preset
+from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
 
@@ -75,6 +76,7 @@ def _eval_fn(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: 
 def _run(
     algo: BC | CQL, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
     preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None, eval_episodes: int | None = None,
+    prioritized: PERConfig | None = None,
 ) -> dict[str, float]:
     preset = get_preset(preset_name)
     out = Path(out)
@@ -82,13 +84,16 @@ def _run(
     buffer = ReplayBuffer.from_transitions(t, scaler)
     batch_size = algo.cfg.batch_size
     record = config_record(algo, env_record(info), dataset_record(data, info)) | {"preset": preset_name, **(extra or {})}
+    per = None if prioritized is None else PrioritizedReplay.from_buffer(buffer, prioritized)
+    if prioritized is not None:
+        record["prioritized"] = asdict(prioritized)
     episodes = preset.eval_episodes if eval_episodes is None else eval_episodes
     evaluate_fn = _eval_fn(algo, scaler, info, episodes) if episodes > 0 else None
     final = fit(
         algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
         log_every=preset.log_every, save_every=preset.save_every,
         evaluate=evaluate_fn, eval_every=preset.eval_every if evaluate_fn else 0,
-        progress=progress, desc=f"{algo.name} {info.task}",
+        progress=progress, desc=f"{algo.name} {info.task}", prioritized=per,
     )
     return final
 
@@ -119,11 +124,13 @@ def train_cql(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
     sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
+    prioritized: PERConfig | None = None,
 ) -> dict[str, float]:
     """Stage 2: CQL with a cost critic, optionally starting from a BC actor.
 
     With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
-    multiplier on ``Q_c`` (carried over to online fine-tuning).
+    multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` batches are drawn
+    by TD-error priority (``prioritized.py``) with IS-weighted critic losses.
     """
     p = get_preset(preset)
     t, info = read_dataset(data)
@@ -145,4 +152,4 @@ def train_cql(
         if not copied:
             raise ValueError(f"{init_actor}: no actor weights match CQL's actor (hidden sizes differ?)")
         extra["init_actor"] = {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
-    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra, eval_episodes)
+    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra, eval_episodes, prioritized)

@@ -45,6 +45,7 @@ from arl_models.envs.registry import TaskSpec, get_task, make_env
 from arl_models.evaluate import evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
+from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 
 
@@ -76,6 +77,10 @@ class FinetuneConfig:
     pid: PIDConfig = PIDConfig(kp=0.1, ki=0.05, kd=0.0)
     """Gains of the multiplier on episode cost (per round); its state carries over from the offline stage."""
     online_capacity: int = 1_000_000
+    prioritized: PERConfig | None = None
+    """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'
+    critic TD losses are weighted by their IS weights (offline rows weigh 1) and their priorities set
+    from the update's TD errors; ``None`` samples it uniformly."""
     eval_every: int = 5
     """Rounds between deterministic evaluations (0: only at the start and the end)."""
     eval_episodes: int = 10
@@ -106,21 +111,46 @@ class OnlineState:
 
 
 def sample_mixed(
-    offline: ReplayBuffer, online: ReplayBuffer, batch_size: int, offline_ratio: float,
+    offline: ReplayBuffer, online: ReplayBuffer | PrioritizedReplay, batch_size: int, offline_ratio: float,
     offline_mc: torch.Tensor | None = None, online_mc: torch.Tensor | None = None,
 ) -> MCBatch:
     """Exactly ``round(ratio * B)`` offline rows followed by ``B - round(ratio * B)`` online rows."""
+    return _draw_mixed(offline, online, batch_size, offline_ratio, offline_mc, online_mc)[0]
+
+
+def sample_mixed_prioritized(
+    offline: ReplayBuffer, online: PrioritizedReplay, batch_size: int, offline_ratio: float,
+    offline_mc: torch.Tensor | None = None, online_mc: torch.Tensor | None = None,
+) -> tuple[MCBatch, torch.Tensor, torch.Tensor]:
+    """As :func:`sample_mixed` with the online rows drawn by priority: ``(batch, idx, weights)``, where
+    ``idx`` are the slots of the batch's last ``len(idx)`` rows and ``weights`` ``(B,)`` is 1 on the
+    offline rows and the IS weight on the online ones."""
+    batch, per = _draw_mixed(offline, online, batch_size, offline_ratio, offline_mc, online_mc)
+    idx, w_on = per if per is not None else (torch.zeros(0, dtype=torch.int64), torch.zeros(0))
+    weights = torch.cat([torch.ones(batch_size - len(idx), device=w_on.device), w_on])
+    return batch, idx, weights
+
+
+def _draw_mixed(
+    offline: ReplayBuffer, online: ReplayBuffer | PrioritizedReplay, batch_size: int, offline_ratio: float,
+    offline_mc: torch.Tensor | None, online_mc: torch.Tensor | None,
+) -> tuple[MCBatch, tuple[torch.Tensor, torch.Tensor] | None]:
     n_off = int(round(offline_ratio * batch_size))
     parts, mcs = [], []
+    per = None
     for buf, mc, n in ((offline, offline_mc, n_off), (online, online_mc, batch_size - n_off)):
         if n == 0:
             continue
-        idx = torch.randint(0, len(buf), (n,), device=buf.device)
+        if isinstance(buf, PrioritizedReplay):
+            idx, w = buf.sample_indices(n)
+            per = (idx, w)
+        else:
+            idx = torch.randint(0, len(buf), (n,), device=buf.device)
         parts.append(buf.gather(idx))
         mcs.append(None if mc is None else mc.index_select(0, idx))
     fields = {k: torch.cat([getattr(p, k) for p in parts]) for k in ("obs", "act", "rew", "cost", "next_obs", "done")}
     mc_all = None if any(m is None for m in mcs) else torch.cat(mcs)  # type: ignore[arg-type]
-    return MCBatch(**fields, mc_return=mc_all)
+    return MCBatch(**fields, mc_return=mc_all), per
 
 
 def _offline_buffer(path: str | Path, scaler: ActionScaler, gamma: float) -> tuple[ReplayBuffer, torch.Tensor]:
@@ -168,7 +198,8 @@ def _make_envs(spec: TaskSpec, cfg: FinetuneConfig) -> gym.vector.VectorEnv:
 class _Round:
     """One round: whole episodes from every worker, with interleaved gradient updates."""
 
-    def __init__(self, algo: CalQL, cfg: FinetuneConfig, scaler: ActionScaler, online: ReplayBuffer, online_mc: torch.Tensor):
+    def __init__(self, algo: CalQL, cfg: FinetuneConfig, scaler: ActionScaler, online: ReplayBuffer | PrioritizedReplay,
+                 online_mc: torch.Tensor):
         self.algo, self.cfg, self.scaler, self.online, self.online_mc = algo, cfg, scaler, online, online_mc
         self.metrics: dict[str, float] = {}
         self.n_updates = 0
@@ -260,7 +291,10 @@ def finetune(
     env = _env_record(rec_from, spec, budget, data)
     scaler = ActionScaler(np.asarray(env["action_low"], np.float32), np.asarray(env["action_high"], np.float32))
     offline, offline_mc = _offline_buffer(data, scaler, algo.cfg.gamma)
-    online = ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"])
+    online: ReplayBuffer | PrioritizedReplay = (
+        ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"]) if cfg.prioritized is None
+        else PrioritizedReplay(cfg.online_capacity, env["obs_dim"], env["action_dim"], cfg.prioritized)
+    )
     online_mc = torch.zeros(cfg.online_capacity)
     state = OnlineState()
     refs = (env["ref_random_return"], env["ref_expert_return"]) if env.get("ref_random_return") is not None else None
@@ -295,7 +329,13 @@ def finetune(
     def update() -> dict[str, float] | None:
         if len(online) < max(n_online, 1):
             return None
-        return algo.update(sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc))
+        if not isinstance(online, PrioritizedReplay):
+            return algo.update(sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc))
+        batch, idx, w = sample_mixed_prioritized(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc)
+        m = algo.update(batch, weights=w)
+        assert algo.td_error is not None
+        online.update_priorities(idx, algo.td_error[batch_size - len(idx) :])
+        return m | {"is_weight_mean": float(w[batch_size - len(idx) :].mean()) if len(idx) else 1.0}
 
     def save(metrics: dict[str, Any] | None = None) -> None:
         extra = online.state_dict() | {"online.mc": online_mc[: online.size].clone(), "online.counters": state.tensor()}

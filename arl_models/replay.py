@@ -71,8 +71,9 @@ class ReplayBuffer:
         )
         return buf
 
-    def add(self, **arrays: np.ndarray) -> None:
-        """Append a batch of rows (``obs=(n, O)``, ``rew=(n,)``...), overwriting the oldest when full."""
+    def add(self, **arrays: np.ndarray) -> torch.Tensor:
+        """Append a batch of rows (``obs=(n, O)``, ``rew=(n,)``...), overwriting the oldest when full;
+        returns the slots written (the last ``capacity`` rows when more are given)."""
         n = len(arrays["rew"])
         if n > self.capacity:
             arrays = {k: v[-self.capacity :] for k, v in arrays.items()}
@@ -82,6 +83,7 @@ class ReplayBuffer:
             self.data[k][idx] = torch.as_tensor(np.array(arrays[k], dtype=np.float32), device=self.device)
         self.ptr = (self.ptr + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
+        return idx
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
         idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)

@@ -10,12 +10,13 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
 
 from arl_models.checkpoint import Algorithm, has_train_state, load_train_state, save_checkpoint
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
+from arl_models.prioritized import PrioritizedReplay, TDLearner, prioritized_update
 from arl_models.replay import Batch
 
 
@@ -42,21 +43,26 @@ def fit(
     progress: bool = True,
     desc: str = "",
     stop_after: int | None = None,
+    prioritized: PrioritizedReplay | None = None,
 ) -> dict[str, float]:
     """Run ``algo.update(sample())`` until ``algo.step == steps``; returns the final metrics record.
 
     ``stop_after`` ends the call early after that many steps in this call (checkpoint included): it
-    is how tests simulate an interruption.
+    is how tests simulate an interruption. With ``prioritized`` each step draws its batch from that
+    replay instead, weights the TD loss and updates the priorities; checkpoints carry them.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"
     if has_train_state(out):
-        load_train_state(out, algo)
+        left = load_train_state(out, algo)
+        if prioritized is not None:
+            prioritized.load_priority_state_dict(left)
     else:
         log_path.unlink(missing_ok=True)
     _truncate_jsonl(log_path, algo.step)
     sinks = FanoutSink(JsonlSink(log_path), sink)
+    extra = (lambda: None) if prioritized is None else prioritized.priority_state_dict
     window: dict[str, float] = {}
     count = 0
     latest: dict[str, float] = {}
@@ -64,7 +70,10 @@ def fit(
     bar = tqdm(total=steps, initial=start, desc=desc or algo.name, disable=not progress, unit="step", smoothing=0.1)
     try:
         while algo.step < steps:
-            m = algo.update(sample())
+            if prioritized is None:
+                m = algo.update(sample())
+            else:
+                m = prioritized_update(cast(TDLearner, algo), prioritized, algo.cfg.batch_size)
             for k, v in m.items():
                 window[k] = window.get(k, 0.0) + v
             count += 1
@@ -81,9 +90,9 @@ def fit(
             if stop_after is not None and step - start >= stop_after:
                 break  # the checkpoint after the loop is the one a rerun resumes from
             if step % save_every == 0 and step < steps:
-                save_checkpoint(out, algo, record)
+                save_checkpoint(out, algo, record, extra_tensors=extra())
     finally:
         bar.close()
     final = {**latest, "steps": float(algo.step), "wall_time_s": time.perf_counter() - t0}
-    save_checkpoint(out, algo, record, metrics=final)
+    save_checkpoint(out, algo, record, metrics=final, extra_tensors=extra())
     return final

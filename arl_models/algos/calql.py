@@ -100,17 +100,17 @@ class CalQL(CQL):
         return torch.cat([q_sampled[..., :n], torch.maximum(q_sampled[..., n:], bound)], dim=-1)
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor
+        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.cfg.conservative == "none":
-            loss, metrics = SAC.critic_loss(self, batch, next_act, next_logp)
+            loss, metrics = SAC.critic_loss(self, batch, next_act, next_logp, weights)
         else:
-            loss, metrics = super().critic_loss(batch, next_act, next_logp)
+            loss, metrics = super().critic_loss(batch, next_act, next_logp, weights)
         reg = self._reg("critic", self.critic)
         return (loss if reg is None else loss + reg), metrics
 
-    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor) -> torch.Tensor:
-        loss = super().cost_critic_loss(batch, next_act)
+    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        loss = super().cost_critic_loss(batch, next_act, weights)
         assert self.cost_critic is not None
         reg = self._reg("cost_critic", self.cost_critic)
         return loss if reg is None else loss + reg
@@ -122,9 +122,9 @@ class CalQL(CQL):
         reg = self._reg("actor", self.actor)
         return (loss if reg is None else loss + reg), logp, qc
 
-    def update(self, batch: Batch) -> dict[str, float]:
+    def update(self, batch: Batch, weights: torch.Tensor | None = None) -> dict[str, float]:
         self._penalties = {}
-        metrics = super().update(batch)
+        metrics = super().update(batch, weights)
         if self.cfg.external_multiplier:
             metrics["lagrange_multiplier"] = self.lagrangian.value
         return metrics | self._penalties

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from arl_models.algos.sac import SAC, SACConfig
+from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.nets import adam
 from arl_models.replay import Batch
 
@@ -115,7 +115,11 @@ class CQL(SAC):
         logp = torch.cat([rand_logp, pol_logp[0], pol_logp[1]], dim=1)  # (B, 3N)
         return acts, logp
 
-    def compute_losses(self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor) -> tuple[CQLLosses, torch.Tensor]:
+    def compute_losses(
+        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> tuple[CQLLosses, torch.Tensor]:
+        """The losses and ``Q(s, a_data)`` ``(E, B)``; ``weights`` ``(B,)`` weight the TD term per sample
+        (the conservative term is a regulariser over the batch's states and stays unweighted)."""
         with torch.no_grad():
             target = self.td_target(batch, next_act, next_logp)
         acts, logp = self.sample_actions(batch)
@@ -130,7 +134,8 @@ class CQL(SAC):
             ).float()  # (E, B + BK)
         q_data, q_sampled = q_all[:, :b], q_all[:, b:].view(-1, b, k)
         q_sampled = self.bound_sampled_q(q_sampled, batch)
-        td = (q_data - target).pow(2).mean(1).sum()
+        td = td_loss(q_data, target, weights)
+        self.td_error = (q_data.detach() - target).abs().mean(0)
         gap = conservative_gap(q_data, q_sampled, logp)  # (E,)
         alpha_loss = None
         if self.cfg.lagrangian_threshold is None:
@@ -148,9 +153,9 @@ class CQL(SAC):
         return q_sampled
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor
+        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        losses, q_data = self.compute_losses(batch, next_act, next_logp)
+        losses, q_data = self.compute_losses(batch, next_act, next_logp, weights)
         if losses.alpha is not None:
             self.alpha_opt.zero_grad(set_to_none=True)
             losses.alpha.backward()

@@ -81,6 +81,8 @@ class SAC:
             self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
         self.lagrangian = PIDLagrangian(cfg.pid)
         self.constraint_obs: torch.Tensor | None = None
+        self.td_error: torch.Tensor | None = None
+        """Per-sample ``|TD error|`` of the last update's reward critics, mean over the ensemble ``(B,)``."""
         self.step = 0
 
     # ---- parts that subclasses extend -------------------------------------------------------------
@@ -105,12 +107,13 @@ class SAC:
         return self.log_temp.exp().detach()
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor
+        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         with torch.no_grad():
             target = self.td_target(batch, next_act, next_logp)
         q = self.critic(batch.obs, batch.act)  # (E, B)
-        loss = (q - target).pow(2).mean(1).sum()
+        loss = td_loss(q, target, weights)
+        self.td_error = (q.detach() - target).abs().mean(0)
         return loss, {"loss_critic": loss.item(), "q_data": q.mean().item()}
 
     # ---- shared mathematics ----------------------------------------------------------------------
@@ -119,12 +122,12 @@ class SAC:
         soft = q_next - self.temperature * next_logp
         return batch.rew + self.cfg.gamma * (1.0 - batch.done) * soft
 
-    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor) -> torch.Tensor:
+    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         assert self.cost_critic is not None
         with torch.no_grad():
             qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
-        return (self.cost_critic(batch.obs, batch.act) - target).pow(2).mean(1).sum()
+        return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)
 
     def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(loss, log_prob, Q_c(s, pi(s)))``; critics are frozen so only the actor gets gradients."""
@@ -151,11 +154,15 @@ class SAC:
         with torch.no_grad():
             return self.cost_critic(s0, self.actor.sample(s0)[0]).mean().item()
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """One gradient step of every part; returns its metrics."""
+    def update(self, batch: Batch, weights: torch.Tensor | None = None) -> dict[str, float]:
+        """One gradient step of every part; returns its metrics.
+
+        ``weights`` ``(B,)`` (importance-sampling weights of a prioritised replay) weight each sample's
+        TD loss in the reward and cost critics; afterwards :attr:`td_error` holds the per-sample errors.
+        """
         with torch.no_grad():
             next_act, next_logp = self.actor.sample(batch.next_obs)
-        critic_loss, metrics = self.critic_loss(batch, next_act, next_logp)
+        critic_loss, metrics = self.critic_loss(batch, next_act, next_logp, weights)
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_opt.step()
@@ -171,7 +178,7 @@ class SAC:
         self.temp_opt.step()
 
         if self.cost_critic is not None:
-            cost_loss = self.cost_critic_loss(batch, next_act)
+            cost_loss = self.cost_critic_loss(batch, next_act, weights)
             self.cost_opt.zero_grad(set_to_none=True)
             cost_loss.backward()
             self.cost_opt.step()
@@ -204,6 +211,15 @@ class SAC:
     def load_extra_state(self, s: dict[str, float]) -> None:
         self.step = int(s["step"])
         self.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
+
+
+def td_loss(q: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Squared TD error of an ensemble ``q`` ``(E, B)`` against ``target`` ``(B,)``: the batch mean per
+    critic (weighted per sample by ``weights`` when given), summed over critics."""
+    sq = (q - target).pow(2)
+    if weights is not None:
+        sq = sq * weights
+    return sq.mean(1).sum()
 
 
 class _frozen:
