@@ -58,3 +58,12 @@ lock:
 
 clean:
 	rm -rf $(VENV) .venv-bench .pytest_cache
+
+# TorchRL, the prioritised-replay peer of benchmarks/bench_replay.py, gets an environment of its own: its
+# compiled extension fails to load beside torch 2.13.0+cpu and loads beside torch 2.14.1 (requirements/torchrl.txt).
+.PHONY: bench-torchrl-env
+bench-torchrl-env:
+	test -x .venv-torchrl/bin/python || $(PYTHON) -m venv .venv-torchrl
+	.venv-torchrl/bin/pip install -q -r requirements/torchrl.txt
+	.venv-torchrl/bin/pip install -q --no-deps -e .
+	.venv-torchrl/bin/python -c "from torchrl._torchrl import SumSegmentTreeFp32; import arl_models.prioritized"
