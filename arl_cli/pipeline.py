@@ -67,16 +67,23 @@ def run_cmd(
     finetune_steps: Annotated[
         int | None, typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage).")
     ] = None,
+    continual_steps: Annotated[
+        int | None,
+        typer.Option(help="EWC steps when the champion learned other data versions (preset default; 0 skips)."),
+    ] = None,
     eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
     gate_episodes: Annotated[int, typer.Option(help="Episodes of the final evaluation.")] = 10,
     cost_budget: Annotated[
         float | None, typer.Option(help="Gate's cost budget (default: the task's).")
     ] = None,
+    max_forgetting: Annotated[
+        float, typer.Option(help="Gate's bound on the score lost on earlier data versions (stage 4).")
+    ] = 10.0,
     refresh: Annotated[
         bool, typer.Option(help="Retrain stages even when a finished result is cached.")
     ] = False,
 ) -> None:
-    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> CQL -> fine-tuning -> evaluate -> register -> gate."""
+    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> CQL -> fine-tuning -> [EWC] -> evaluate -> register -> gate."""
     _environment()
     from flows.ingest import ingest_flow
     from flows.offline_to_online import offline_to_online_flow
@@ -91,9 +98,9 @@ def run_cmd(
         DatasetRef(path=dataset, version=version),
         TrainingConfig(
             preset=preset, seed=seed, bc_steps=bc_steps, cql_steps=cql_steps,
-            finetune_steps=finetune_steps, eval_episodes=eval_episodes,
+            finetune_steps=finetune_steps, continual_steps=continual_steps, eval_episodes=eval_episodes,
         ),
-        GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget),
+        GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget, max_forgetting=max_forgetting),
         refresh_cache=refresh,
     )
     _print_result(result)

@@ -18,6 +18,8 @@ class Preset:
     cql_steps: int
     finetune_steps: int
     """Environment steps of constrained online fine-tuning (stage 3)."""
+    continual_steps: int
+    """Offline gradient steps of EWC continual learning on a new data version (stage 4)."""
     log_every: int
     save_every: int
     eval_every: int
@@ -35,6 +37,7 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(64, 64), batch_size=256, n_action_samples=10, actor_lr=3e-4, temp_lr=3e-4),
         cql_steps=5_000,
         finetune_steps=6_400,
+        continual_steps=2_000,
         log_every=250,
         save_every=1_000,
         eval_every=2_500,
@@ -49,6 +52,7 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(256, 256), batch_size=256),
         cql_steps=500_000,
         finetune_steps=250_000,
+        continual_steps=100_000,
         log_every=1_000,
         save_every=10_000,
         eval_every=10_000,

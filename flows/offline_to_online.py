@@ -1,7 +1,9 @@
 """``offline_to_online_flow``: pull -> validate -> BC -> CQL -> fine-tuning -> [EWC] -> evaluate -> register -> gate.
 
-Stage 4 (EWC continual learning across data versions) is not wired into the flow yet: the place it goes
-is marked below; nothing stands in for it. ``arl continual`` runs it by hand.
+Stages 1-3 train a policy on the version asked for. Stage 4 runs when the champion has learned other data
+versions: it continues the champion on the new version with an EWC penalty over the champion's chain of
+versions, measures forgetting on each of them, and its policy is the one the gate judges (forgetting
+included). Without a champion, or when the champion has seen this version, the gate judges stage 3's.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from flows.params import (
     GateConfig,
     TrainingConfig,
 )
+from tasks.continual import earlier_versions
 from tasks.data import pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
 from tasks.runs import finish_pipeline_run, start_pipeline_run, validate_in_run
@@ -30,7 +33,7 @@ def _stage(
     stage: str,
     n: int,
     dataset: dict,
-    training: TrainingConfig,
+    settings: dict[str, Any],
     run_id: str,
     uri: str,
     runs: str,
@@ -39,7 +42,7 @@ def _stage(
 ) -> dict[str, Any]:
     """One training stage: cached across runs; a cache hit gets its own nested run linking the original."""
     get_run_logger().info("stage %d %s", n, stage)
-    args = (stage, dataset, training.stage_settings(stage), run_id, uri, runs, init_from)
+    args = (stage, dataset, settings, run_id, uri, runs, init_from)
     result = train_stage.with_options(refresh_cache=refresh or None)(*args)
     if result["parent_run_id"] != run_id:
         from pathlib import Path
@@ -92,18 +95,26 @@ def offline_to_online_flow(
     failed_stage = "validate"
     try:
         validation = validate_in_run(data["dir"], run_id, uri)
-        failed_stage = "bc"
-        bc = _stage("bc", 1, data, training, run_id, uri, str(paths.runs), refresh_cache)
-        failed_stage = "cql"
-        cql = _stage("cql", 2, data, training, run_id, uri, str(paths.runs), refresh_cache, init_from=bc)
-        stages = [bc, cql]
+        runs = str(paths.runs)
+
+        def stage(name: str, n: int, init_from: dict | None = None, **extra: Any) -> dict[str, Any]:
+            nonlocal failed_stage
+            failed_stage = name
+            settings = training.stage_settings(name) | extra
+            return _stage(name, n, data, settings, run_id, uri, runs, refresh_cache, init_from)
+
+        bc = stage("bc", 1)
+        stages = [bc, stage("cql", 2, init_from=bc)]
         if training.finetune_steps != 0:
-            failed_stage = "finetune"
-            stages.append(_stage("finetune", 3, data, training, run_id, uri, str(paths.runs), refresh_cache, init_from=cql))
+            stages.append(stage("finetune", 3, init_from=stages[-1]))
+        if training.continual_steps != 0:
+            failed_stage = "ewc"
+            repo = dataset.repo or str(paths.data_repo)
+            start = earlier_versions(model_name, data, repo, runs, uri)
+            if start is not None:
+                extra = {"previous": start["previous"], "forgetting_episodes": gate.eval_episodes}
+                stages.append(stage("ewc", 4, init_from=start, **extra))
         final = stages[-1]
-        # ---- stage 4: EWC continual learning (arl_models.continual), when earlier data versions exist
-        #      (the champion's arl.dataset_hash differs from data["md5"]): final = ewc_stage(..., init_from=final)
-        #      and its measured forgetting goes into the gate's candidate below.
         failed_stage = "evaluate"
         evaluation = evaluate_policy(
             final["checkpoint"], final["stage"], run_id, uri, gate.eval_episodes, gate.eval_seed
@@ -114,7 +125,7 @@ def offline_to_online_flow(
         candidate = {
             "score": evaluation["score"],
             "mean_cost": evaluation["mean_cost"],
-            "forgetting": None,
+            "forgetting": final["metrics"].get("continual/ewc_mean_forgetting"),
             "data_validated": bool(validation.get("validated")),
         }
         budget = gate.cost_budget if gate.cost_budget is not None else evaluation["cost_budget"]

@@ -46,9 +46,23 @@ class TrainingConfig(BaseModel):
     finetune_vector: Literal["sync", "async"] = Field(
         "sync", description="sync: environments in the flow's process; async: one worker process each."
     )
+    continual_steps: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "EWC gradient steps continuing the champion on a new data version (stage 4, runs only when the "
+            "champion learned other versions; empty: the preset's; 0 skips it)."
+        ),
+    )
+    ewc_weight: float = Field(100.0, ge=0, description="Weight of the EWC penalty protecting earlier versions.")
 
     def stage_settings(self, stage: str) -> dict:
-        steps = {"bc": self.bc_steps, "cql": self.cql_steps, "finetune": self.finetune_steps}[stage]
+        steps = {
+            "bc": self.bc_steps,
+            "cql": self.cql_steps,
+            "finetune": self.finetune_steps,
+            "ewc": self.continual_steps,
+        }[stage]
         settings = {
             "preset": self.preset,
             "seed": self.seed,
@@ -58,6 +72,8 @@ class TrainingConfig(BaseModel):
         }
         if stage == "finetune":
             settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
+        if stage == "ewc":
+            settings |= {"ewc_weight": self.ewc_weight}
         return settings
 
 

@@ -8,6 +8,7 @@ applies the gate of :mod:`tasks.registry` and records the verdict on the parent 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -90,6 +91,9 @@ def register_stage_policy(
             "git_commit": git_commit,
             "dataset_path": dataset["path"],
             "stage_key": stage_result["key"],
+            "dataset_chain": json.dumps(
+                stage_result.get("chain") or [{"path": dataset["path"], "md5": dataset["md5"]}]
+            ),
         },
         tracking_uri=tracking_uri,
     )

@@ -23,7 +23,9 @@ from prefect import get_run_logger, task
 
 from tasks import tracking
 
-STAGES = ("bc", "cql", "finetune")
+STAGES = ("bc", "cql", "finetune", "ewc")
+COMPLETION_KEY = {"ewc": "continual/ewc_mean_forgetting"}
+"""A metric a stage writes only once it has finished everything (EWC: after measuring forgetting)."""
 CURVES = {
     "learning_curve.png": lambda k: (
         k.startswith("train/loss_") or k in ("eval/normalized_score", "train/q_data")
@@ -43,6 +45,10 @@ def library_config(stage: str, preset: str) -> dict[str, Any]:
         from arl_models.online import FinetuneConfig
 
         return {"config": dataclasses.asdict(FinetuneConfig()), "default_steps": p.finetune_steps}
+    if stage == "ewc":
+        from arl_models.continual import ContinualConfig
+
+        return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
     cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
     return {"config": dataclasses.asdict(cfg), "default_steps": steps}
 
@@ -74,14 +80,15 @@ def checkpoint_dir(runs_dir: str | Path, dataset_md5: str, stage: str, key: str)
     return Path(runs_dir) / dataset_md5.removesuffix(".dir")[:12] / f"{stage}-{key[:12]}"
 
 
-def _finished(out: Path, steps: int) -> dict[str, float] | None:
+def _finished(out: Path, stage: str, steps: int) -> dict[str, float] | None:
     """The final metrics of a checkpoint that completed ``steps``, else None."""
     f = out / "metrics.json"
     if not f.is_file():
         return None
     metrics = json.loads(f.read_text())
     done = metrics.get("steps", metrics.get("online/env_steps_total", 0))
-    return metrics if done >= steps and "wall_time_s" in metrics else None
+    complete = "wall_time_s" in metrics and COMPLETION_KEY.get(stage, "wall_time_s") in metrics
+    return metrics if done >= steps and complete else None
 
 
 def _target_steps(stage: str, settings: dict[str, Any]) -> int:
@@ -129,9 +136,32 @@ def _train(
             eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
         )
         return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
+    if stage == "ewc":
+        return _continual(init_actor, data_dir, out, settings, sink, common["progress"])
     return train_cql(
         data_dir, out, init_actor=init_actor, constrained=settings.get("constrained", True), **common
     )
+
+
+def _continual(
+    start: str | None, data_dir: str, out: Path, settings: dict[str, Any], sink: Any, progress: bool
+) -> dict:
+    """Stage 4: continue ``start`` on the new data with EWC over ``settings["previous"]``; measure forgetting."""
+    from arl_models.algos.ewc import EWCConfig
+    from arl_models.continual import ContinualConfig, train_continual
+
+    if start is None or not settings.get("previous"):
+        raise ValueError("the ewc stage needs the champion to continue (init_from) and its earlier datasets")
+    seed = settings["seed"]
+    cfg = ContinualConfig(
+        seed=seed,
+        steps=_target_steps("ewc", settings),
+        ewc=EWCConfig(weight=settings.get("ewc_weight", EWCConfig.weight), seed=seed),
+        baseline=False,  # the naive baseline is the benchmark's business, not every run's
+        eval_episodes=settings["forgetting_episodes"],
+    )
+    train_continual(start, data_dir, out, previous=settings["previous"], config=cfg, sink=sink, progress=progress)
+    return json.loads((out / "metrics.json").read_text())
 
 
 @task(
@@ -150,10 +180,13 @@ def train_stage(
     runs_dir: str,
     init_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train ``stage`` (``bc`` | ``cql`` | ``finetune``) on the pulled dataset; returns the checkpoint and its metrics.
+    """Train ``stage`` (``bc`` | ``cql`` | ``finetune`` | ``ewc``) on the pulled dataset; returns the
+    checkpoint and its metrics.
 
-    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``.
-    ``init_from``: the upstream stage's result (CQL starts its actor from BC's; fine-tuning from CQL).
+    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``;
+    for ``ewc`` also ``ewc_weight``, ``previous`` (the earlier versions' dataset directories, oldest first)
+    and ``forgetting_episodes``. ``init_from``: the upstream stage's result (CQL starts its actor from BC's,
+    fine-tuning from CQL's, EWC from the champion found by :func:`tasks.continual.earlier_versions`).
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
@@ -173,7 +206,7 @@ def train_stage(
         parent_run_id, stage, params=params, tags={"arl.stage_key": key}, tracking_uri=tracking_uri
     )
     try:
-        final = _finished(out, steps)
+        final = _finished(out, stage, steps)
         if final is not None:
             logger.info("%s: reusing the finished checkpoint %s", stage, out)
             tracking.client(tracking_uri).set_tag(run_id, "arl.reused_checkpoint", "true")
@@ -196,9 +229,11 @@ def train_stage(
         stage,
         {k: round(v, 3) for k, v in final.items() if k.startswith(("eval/", "train/loss", "online/cumul"))},
     )
+    here = {"path": dataset["path"], "md5": dataset["md5"]}
     return {
         "stage": stage,
         "key": key,
+        "chain": [*(init_from or {}).get("chain", []), here] if stage == "ewc" else [here],
         "checkpoint": str(out),
         "metrics": final,
         "run_id": run_id,

@@ -181,3 +181,58 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
     )
     assert calls["bc"] == 1 and calls["cql"] == 1
     assert _children(again["run_id"])["cql"].data.tags["arl.reused_checkpoint"] == "true"
+
+
+def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, tmp_path: Path) -> None:
+    import json
+    import math
+
+    from flow_data import write_pendulum
+
+    from flows.ingest import ingest_flow
+    from flows.params import IngestSource
+
+    if registry.alias_version(MODEL, "champion", tracking_uri=_uri()) is None:
+        _run(demo_version)
+    c = tracking.client(_uri())
+    champion = c.get_model_version(MODEL, registry.alias_version(MODEL, "champion", tracking_uri=_uri()))
+    chain_before = json.loads(champion.tags["arl.dataset_chain"])
+    assert demo_version["md5"] in {v["md5"] for v in chain_before}
+
+    src = write_pendulum(tmp_path / "second", seed=5)
+    new = ingest_flow(
+        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="second"),
+        emit_event=False,
+    )
+    result = _run(new)
+
+    # stage 4 ran from the champion, over the versions the champion had learned
+    assert list(result["stages"]) == ["bc", "cql", "finetune", "ewc"]
+    ewc = result["stages"]["ewc"]
+    forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
+    assert math.isfinite(forgetting)
+    run = _children(result["run_id"])["ewc"]
+    assert run.data.params["init_from"] == c.get_run(champion.run_id).data.params["checkpoint"]
+    assert "continual/ewc_new_score" in run.data.metrics
+
+    # the gate judged the EWC policy, forgetting included; its chain names every version it learned
+    mv = c.get_model_version(MODEL, result["decision"]["version"])
+    assert mv.tags["arl.stage"] == "ewc"
+    assert json.loads(mv.tags["arl.dataset_chain"]) == [*chain_before, {"path": "second", "md5": new["md5"]}]
+    assert float(mv.tags["arl.gate.forgetting"]) == forgetting
+
+    # on another machine (no local checkpoint) stage 4 starts from the registry's copy
+    from tasks.continual import _local_checkpoint
+
+    local = Path(ewc["checkpoint"])
+    local.rename(local.with_name(local.name + ".away"))
+    try:
+        copy = _local_checkpoint(MODEL, mv, tmp_path / "runs", _uri())
+    finally:
+        local.with_name(local.name + ".away").rename(local)
+    assert copy.is_relative_to(tmp_path / "runs" / "registry") and (copy / "train_state").is_dir()
+    assert (copy / "config.json").read_text() == (local / "config.json").read_text()
+
+    # the same version again: stage 4 runs only if the champion has not learned it
+    again = _run(new, seed=1)
+    assert ("ewc" in again["stages"]) is not result["decision"]["promoted"]
