@@ -1,8 +1,10 @@
 """Orchestration overhead: the same stages bare and through the pipeline, on the demo task.
 
     .venv/bin/python benchmarks/bench_orchestration.py [--task safe-pendulum] [--bc-steps N --cql-steps N]
+        [--finetune-steps N (0 leaves stage 3 out of both sides)]
 
-Bare: ``train_bc`` -> ``train_cql`` (from the BC actor) -> ``evaluate_checkpoint``, plain function calls.
+Bare: ``train_bc`` -> ``train_cql`` (from the BC actor) -> ``finetune`` (from CQL, the task's settings) ->
+``evaluate_checkpoint``, plain function calls: the stages of ``make run``.
 Pipeline: ``offline_to_online_flow`` on the same data and steps, with a Prefect server, MLflow on SQLite,
 DVC versioning, Great Expectations validation, registration and the gate; stages retrained (no cache).
 Both run in one process, bare first, in a temporary state directory; the dataset is generated (or taken
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--bc-steps", type=int, default=None)
     ap.add_argument("--cql-steps", type=int, default=None)
+    ap.add_argument("--finetune-steps", type=int, default=None, help="stage 3 env steps (default: the preset's)")
     ap.add_argument("--episodes", type=int, default=10, help="final evaluation episodes")
     ap.add_argument("--home", type=Path, default=None, help="state directory (default: a temporary one)")
     args = ap.parse_args()
@@ -56,7 +59,19 @@ def main() -> None:
     kw = {"preset": args.preset, "seed": 0, "progress": False}
     train_bc(repo / name, bare / "bc", steps=args.bc_steps, **kw)
     train_cql(repo / name, bare / "cql", steps=args.cql_steps, init_actor=bare / "bc", **kw)
-    evaluate_checkpoint(bare / "cql", episodes=args.episodes)
+    last = bare / "cql"
+    if args.finetune_steps != 0:
+        from arl_models.online import FinetuneConfig, finetune
+        from arl_models.presets import get_preset
+
+        p = get_preset(args.preset)
+        # what tasks.train builds for the stage from the flow's defaults (4 sync envs, the preset's episodes)
+        cfg = FinetuneConfig(
+            seed=0, steps=args.finetune_steps or p.finetune_steps, vector="sync", eval_episodes=p.eval_episodes
+        )
+        finetune(last, bare / "finetune", data=repo / name, config=cfg, progress=False)
+        last = bare / "finetune"
+    evaluate_checkpoint(last, episodes=args.episodes)
     bare_s = time.perf_counter() - t0
     print(f"bare stages:         {bare_s:8.1f} s", flush=True)
 
@@ -76,8 +91,10 @@ def main() -> None:
         t0 = time.perf_counter()
         result = offline_to_online_flow(
             DatasetRef(path=version["path"], version=version["md5"]),
-            # the bare side runs the offline stages only, so fine-tuning is left out of the flow here too
-            TrainingConfig(preset=args.preset, seed=0, bc_steps=args.bc_steps, cql_steps=args.cql_steps, finetune_steps=0),
+            TrainingConfig(
+                preset=args.preset, seed=0, bc_steps=args.bc_steps, cql_steps=args.cql_steps,
+                finetune_steps=args.finetune_steps,
+            ),
             GateConfig(eval_episodes=args.episodes),
             refresh_cache=True,
         )
