@@ -46,7 +46,28 @@ from arl_models.evaluate import evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.prioritized import PERConfig, PrioritizedReplay
+from arl_models.rate_tuner import RateTargets
 from arl_models.replay import ActionScaler, ReplayBuffer
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Environment workers of the asynchronous pipeline (``arl_models.workers``)."""
+
+    backend: str = "process"
+    """``process`` (spawn processes on this machine) or ``ray`` (Ray actors; the optional extra)."""
+    address: str | None = None
+    """Ray cluster to attach to (``ray://head:10001``, a KubeRay head included); None: local Ray."""
+    num_workers: int = 2
+    envs_per_worker: int = 1
+    chunk_steps: int = 50
+    """Steps per environment in one chunk a worker sends."""
+    sync_every: int = 50
+    """Learner updates between weight broadcasts (workers act with a policy at most this far behind)."""
+    tune: bool = False
+    """Let the rate tuner move the number of workers and the UTD towards its targets."""
+    tune_interval_s: float = 2.0
+    targets: RateTargets = RateTargets()
 
 
 @dataclass(frozen=True)
@@ -81,6 +102,11 @@ class FinetuneConfig:
     """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'
     critic TD losses are weighted by their IS weights (offline rows weigh 1) and their priorities set
     from the update's TD errors; ``None`` samples it uniformly."""
+    pipeline: str = "sync"
+    """``sync``: rounds over a vector environment, collection and updates in turn (this module).
+    ``async``: a pool of environment workers collects while the learner updates (``online_async.py``)."""
+    workers: WorkerConfig = WorkerConfig()
+    """The worker pool of ``pipeline="async"`` (ignored by ``sync``)."""
     eval_every: int = 5
     """Rounds between deterministic evaluations (0: only at the start and the end)."""
     eval_episodes: int = 10
@@ -341,6 +367,14 @@ def finetune(
         extra = online.state_dict() | {"online.mc": online_mc[: online.size].clone(), "online.counters": state.tensor()}
         save_checkpoint(out, algo, record, metrics, extra_tensors=extra)
 
+    session = Session(algo, cfg, spec, budget, scaler, online, online_mc, state, record, out, sinks, update, save,
+                      run_eval, progress)
+    if cfg.pipeline == "async":
+        from arl_models.online_async import run_async
+
+        return run_async(session, stop_after_rounds)
+    if cfg.pipeline != "sync":
+        raise ValueError(f"pipeline must be 'sync' or 'async', got {cfg.pipeline!r}")
     t0, start_steps = time.perf_counter(), state.env_steps
     latest: dict[str, float] = {}
     rounds_here = 0
@@ -351,13 +385,7 @@ def finetune(
             rnd.run(envs, cfg.seed * 1_000_003 + state.rounds * cfg.num_envs, update)
             latest = _after_round(algo, cfg, state, rnd, budget, out)
             latest["online/steps_per_s"] = (state.env_steps - start_steps) / max(time.perf_counter() - t0, 1e-9)
-            if cfg.eval_every and state.rounds % cfg.eval_every == 0 and cfg.eval_episodes > 0:
-                latest |= run_eval()
-            sinks.log(latest, state.env_steps)
-            if progress:
-                print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
-                      f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
-                      f"lambda {algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+            session.report_round(latest)
             rounds_here += 1
             if stop_after_rounds is not None and rounds_here >= stop_after_rounds:
                 save()
@@ -366,15 +394,54 @@ def finetune(
                 save()
     finally:
         envs.close()
-    final = {**latest}
-    if cfg.eval_episodes > 0 and "eval/return" not in latest:
-        final |= run_eval()
-    final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in record.get("initial_eval", {}).items()}
-    final |= {"online/env_steps_total": float(state.env_steps), "online/cumulative_cost": state.cumulative_cost,
-              "online/violating_episodes": float(state.violations), "online/episodes": float(state.episodes),
-              "online/updates": float(state.updates), "wall_time_s": time.perf_counter() - t0}
-    save(final)
-    return final
+    return session.finish(latest, t0)
+
+
+@dataclass
+class Session:
+    """What a fine-tuning loop works on, set up by :func:`finetune` (shared by the sync and async loops)."""
+
+    algo: CalQL
+    cfg: FinetuneConfig
+    spec: TaskSpec
+    budget: float
+    scaler: ActionScaler
+    online: ReplayBuffer | PrioritizedReplay
+    online_mc: torch.Tensor
+    state: OnlineState
+    record: dict[str, Any]
+    out: Path
+    sinks: MetricSink
+    update: Any
+    """``() -> metrics | None``: one learner update on a mixed batch (None while the online replay is short)."""
+    save: Any
+    """``(metrics=None) -> None``: checkpoint everything needed to continue."""
+    run_eval: Any
+    progress: bool
+
+    def report_round(self, latest: dict[str, float]) -> None:
+        """Evaluate when due, log the round's metrics and print a progress line."""
+        cfg, state = self.cfg, self.state
+        if cfg.eval_every and state.rounds % cfg.eval_every == 0 and cfg.eval_episodes > 0:
+            latest |= self.run_eval()
+        self.sinks.log(latest, state.env_steps)
+        if self.progress:
+            print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
+                  f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
+                  f"lambda {self.algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+
+    def finish(self, latest: dict[str, float], t0: float) -> dict[str, float]:
+        """The final record (a last evaluation if the last round had none), saved with the checkpoint."""
+        state = self.state
+        final = {**latest}
+        if self.cfg.eval_episodes > 0 and "eval/return" not in latest:
+            final |= self.run_eval()
+        final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in self.record.get("initial_eval", {}).items()}
+        final |= {"online/env_steps_total": float(state.env_steps), "online/cumulative_cost": state.cumulative_cost,
+                  "online/violating_episodes": float(state.violations), "online/episodes": float(state.episodes),
+                  "online/updates": float(state.updates), "wall_time_s": time.perf_counter() - t0}
+        self.save(final)
+        return final
 
 
 def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Round, budget: float, out: Path) -> dict[str, float]:

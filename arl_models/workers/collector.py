@@ -24,6 +24,7 @@ from arl_models.data.dataset import utc_now_iso
 from arl_models.data.recorder import policy_hash
 from arl_models.envs.registry import get_task, make_env
 from arl_models.nets import TanhGaussianActor
+from arl_models.replay import ActionScaler
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,7 @@ class Collector:
         self.env_version = task.env_version
         self.envs = [make_env(task) for _ in range(spec.envs_per_worker)]
         self.actor = TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden)
-        self.low = np.asarray(spec.action_low, np.float32)
-        self.high = np.asarray(spec.action_high, np.float32)
+        self.scaler = ActionScaler(np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
         self.seed = spec.stream_seed(worker, incarnation)
         self.gen = torch.Generator().manual_seed(self.seed)
         self.resets = 0
@@ -145,7 +145,7 @@ class Collector:
             act = self._act(self.obs)
             t1 = time.perf_counter()
             t_inf += t1 - t0
-            env_act = self.low + (act + 1.0) * 0.5 * (self.high - self.low)
+            env_act = self.scaler.unnormalize(act)
             for i, env in enumerate(self.envs):
                 nxt, r, term, trunc, info = env.step(env_act[i])
                 nxt = np.asarray(nxt, np.float32)
