@@ -47,7 +47,13 @@ def finetune_cmd(
     utd: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
     eval_every: Annotated[int, typer.Option(help="Rounds between evaluations.")] = 5,
     eval_episodes: int = 10,
-    vector: Annotated[str, typer.Option(help="async (worker processes) | sync")] = "async",
+    vector: Annotated[str, typer.Option(help="Sync pipeline's vector env: async (worker processes) | sync")] = "async",
+    pipeline: Annotated[str, typer.Option(help="sync: collect and update in turn | async: workers collect while the learner updates")] = "sync",
+    workers: Annotated[int, typer.Option(help="Async pipeline: environment workers.")] = 2,
+    backend: Annotated[str, typer.Option(help="Async pipeline: process | ray (Ray actors, the `ray` extra)")] = "process",
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to attach to, e.g. ray://head:10001 (default: local Ray).")] = None,
+    sync_every: Annotated[int, typer.Option(help="Async pipeline: learner updates between weight broadcasts.")] = 50,
+    tune: Annotated[bool, typer.Option(help="Async pipeline: let the rate tuner move workers and UTD.")] = False,
     seed: Seed = 0,
 ) -> None:
     """Constrained online fine-tuning (stage 3): SAC with a PID Lagrange multiplier on episode cost,
@@ -55,16 +61,17 @@ def finetune_cmd(
     _one_thread()
     from arl_models.data import DatasetError
     from arl_models.lagrange import PIDConfig
-    from arl_models.online import FinetuneConfig, finetune
+    from arl_models.online import FinetuneConfig, WorkerConfig, finetune
 
+    pool = WorkerConfig(backend=backend, address=ray_address, num_workers=workers, sync_every=sync_every, tune=tune)
     cfg = FinetuneConfig(
         seed=seed, steps=steps, num_envs=num_envs, offline_ratio=offline_ratio, conservative=conservative,
         cost_budget=budget, constrained=constrained, pid=PIDConfig(kp=kp, ki=ki, kd=kd), utd=utd,
-        eval_every=eval_every, eval_episodes=eval_episodes, vector=vector,
+        eval_every=eval_every, eval_episodes=eval_episodes, vector=vector, pipeline=pipeline, workers=pool,
     )
     try:
         final = finetune(from_dir, out, task=task, data=data, config=cfg)
-    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+    except (DatasetError, KeyError, ValueError, FileNotFoundError, ImportError) as e:
         _fail(str(e))
     typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
 

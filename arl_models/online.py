@@ -307,6 +307,8 @@ def finetune(
     call early (checkpoint included), as an interruption would.
     """
     cfg, out = config, Path(out)
+    if cfg.pipeline not in ("sync", "async"):
+        raise ValueError(f"pipeline must be 'sync' or 'async', got {cfg.pipeline!r}")
     out.mkdir(parents=True, exist_ok=True)
     resuming = has_train_state(out)
     rec_from = read_config(from_dir)
@@ -373,8 +375,6 @@ def finetune(
         from arl_models.online_async import run_async
 
         return run_async(session, stop_after_rounds)
-    if cfg.pipeline != "sync":
-        raise ValueError(f"pipeline must be 'sync' or 'async', got {cfg.pipeline!r}")
     t0, start_steps = time.perf_counter(), state.env_steps
     latest: dict[str, float] = {}
     rounds_here = 0

@@ -53,3 +53,19 @@ def test_async_finetune_on_ray_actors(tiny_cql, pendulum_data, tmp_path, backend
     cfg = replace(ASYNC, steps=400, workers=replace(ASYNC.workers, backend=backend))
     final = finetune(tiny_cql, tmp_path / "ft", data=pendulum_data, config=cfg, progress=False)
     assert final["online/episodes"] >= 2 and final["online/updates"] > 0
+
+
+def test_cli_finetune_async_pipeline(tiny_cql, pendulum_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from arl_cli.online import app
+
+    res = CliRunner().invoke(app, [
+        "finetune", "--from", str(tiny_cql), "--out", str(tmp_path / "cli"), "--steps", "400", "--data", str(pendulum_data),
+        "--eval-episodes", "0", "--utd", "0.05", "--pipeline", "async", "--workers", "2", "--sync-every", "5",
+    ])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output[res.output.index("{\n") :])["online/env_steps_total"] >= 400
+    bad = CliRunner().invoke(app, ["finetune", "--from", str(tiny_cql), "--out", str(tmp_path / "bad"), "--steps", "10",
+                                   "--data", str(pendulum_data), "--pipeline", "asynch"])
+    assert bad.exit_code == 2 and "pipeline must be 'sync' or 'async'" in bad.output
