@@ -9,7 +9,9 @@ what the synchronous loop does (warm start, offline data, online replay, multipl
 * The learner polls the pool without waiting while it has work, puts every chunk that arrived into
   the online replay in one batched write (Monte-Carlo returns are filled in when an episode ends, for
   Cal-QL), and does ``utd`` updates per transition that arrived. It waits (briefly) only when it is
-  ahead of the data, and that waiting is what ``pipeline/learner_utilization`` reports.
+  ahead of the data, and that waiting is what ``pipeline/learner_utilization`` reports. When it owes
+  more than one chunk per worker of updates it stops reading, and the workers wait: the UTD holds,
+  as in the synchronous loop, and the gain is the overlap of collection with learning.
 * Every ``episodes_per_round`` finished episodes (default: one per environment) make a *round*, as in
   the synchronous loop: the multiplier is updated from their mean cost, metrics are logged,
   evaluations and checkpoints follow the same ``eval_every`` / ``save_every``.
@@ -114,7 +116,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
     store = _Store(s)
     t0, start_steps = time.perf_counter(), state.env_steps
     latest: dict[str, float] = {}
-    rounds_here, version, since_sync, owed = 0, 0, 0, 0.0
+    rounds_here, version, since_sync, owed, received = 0, 0, 0, 0.0, 0
     counters, flowing = _Counters(), False
     last_rates: dict[str, float] = {}
     rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
@@ -122,7 +124,10 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
     with pool:
         pool.broadcast(flatten(algo.actor.state_dict()), version)
         while state.env_steps < cfg.steps:
-            chunks = pool.poll(timeout=0.0 if owed >= 1.0 else 0.01)
+            # backpressure: at most one chunk per worker of updates owed, so the UTD holds; unread, the
+            # workers' pipes fill (processes) or their next call is not submitted (Ray), and they wait
+            backlog = utd * w.chunk_steps * w.envs_per_worker * pool.num_workers
+            chunks = pool.poll(timeout=0.0 if owed >= 1.0 else 0.01) if owed < backlog else []
             if chunks and not flowing:  # rates start with the data: worker start-up is not a reading
                 counters, flowing = _Counters(), True
             if chunks:
@@ -130,6 +135,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
                 for c in chunks:
                     rnd.episodes += c.episodes
                     owed += utd * len(c)
+                    received += len(c)
                     counters.env_steps += c.env_steps
                     counters.inference_calls += c.inference_calls
                     counters.lag += version - c.policy_version
@@ -157,12 +163,16 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
                 last_rates, utd = _read_rates(pool, counters, utd, tuner)
                 s.sinks.log(last_rates, state.env_steps)
                 counters = _Counters()
-            if len(rnd.episodes) >= per_round:
+            while len(rnd.episodes) >= per_round and state.env_steps < cfg.steps:
+                # a round is exactly `per_round` episodes, as in the sync loop; the rest open the next
+                rnd.episodes, extra = rnd.episodes[:per_round], rnd.episodes[per_round:]
                 latest = _after_round(algo, cfg, state, rnd, s.budget, s.out) | last_rates
                 latest["online/steps_per_s"] = (state.env_steps - start_steps) / max(time.perf_counter() - t0, 1e-9)
                 latest["pipeline/replaced_workers"] = float(pool.replaced)
+                latest["pipeline/transitions_received"] = float(received)  # finished episodes' and the open ones'
                 s.report_round(latest)
                 rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
+                rnd.episodes = extra
                 rounds_here += 1
                 if stop_after_rounds is not None and rounds_here >= stop_after_rounds:
                     s.save()

@@ -11,6 +11,10 @@ The learner's side of a pool is four calls, none of which waits on a particular 
 * :meth:`WorkerPool.resize` changes the number of workers (the rate tuner's lever).
 * :meth:`WorkerPool.close` stops everything.
 
+A worker runs at most a couple of chunks ahead of what the learner has read (credits for processes,
+one call in flight for Ray): when the learner is the bottleneck the workers wait rather than pile up
+data that is stale by the time it is read.
+
 :class:`ProcessPool` runs each worker in a ``spawn`` process: weights live in one shared-memory float32
 array guarded by a lock (the learner's write is a memcpy, never a blocking send), chunks come back on
 a pipe per worker. :class:`~arl_models.workers.ray_pool.RayPool` (optional extra ``ray``) keeps one
@@ -124,14 +128,14 @@ class WorkerPool(ABC):
 
 
 def _process_main(spec: WorkerSpec, worker: int, incarnation: int, buf: Any, version: Any, lock: Any,
-                  conn: Connection, stop: Any) -> None:
-    """A worker process: newest weights at every chunk boundary, chunks out on ``conn``."""
+                  conn: Connection, stop: Any, credits: Any) -> None:
+    """A worker process: newest weights at every chunk boundary, chunks out on ``conn``, at most
+    ``CREDITS`` of them not yet taken in by the learner (it releases one credit per chunk it reads)."""
     collector = Collector(spec, worker, incarnation)
     weights = np.frombuffer(buf, dtype=np.float32)
     try:
         while not stop.is_set():
-            if version.value < 0:
-                time.sleep(0.005)
+            if version.value < 0 or not credits.acquire(timeout=0.05):
                 continue
             if version.value != collector.version:
                 with lock:
@@ -144,6 +148,11 @@ def _process_main(spec: WorkerSpec, worker: int, incarnation: int, buf: Any, ver
         collector.close()
 
 
+CREDITS = 2
+"""Chunks a process worker may have produced that the learner has not read yet: it never runs further
+ahead of the learner than this (backpressure), whatever the pipe could buffer."""
+
+
 class ProcessPool(WorkerPool):
     """Workers as ``spawn`` processes on this machine."""
 
@@ -153,21 +162,22 @@ class ProcessPool(WorkerPool):
         self._buf = self._ctx.RawArray("f", actor_size(spec))
         self._version = self._ctx.RawValue("q", -1)
         self._lock = self._ctx.Lock()
-        self._procs: dict[int, tuple[Any, Connection, Any]] = {}
+        self._procs: dict[int, tuple[Any, Connection, Any, Any]] = {}
+        """worker -> (process, read end of its pipe, stop event, credit semaphore)"""
 
     def _start_worker(self, worker: int, incarnation: int) -> None:
         recv, send = self._ctx.Pipe(duplex=False)
-        stop = self._ctx.Event()
+        stop, credits = self._ctx.Event(), self._ctx.Semaphore(CREDITS)
         p = self._ctx.Process(
             target=_process_main, name=f"arl-worker-{worker}.{incarnation}", daemon=True,
-            args=(self.spec, worker, incarnation, self._buf, self._version, self._lock, send, stop),
+            args=(self.spec, worker, incarnation, self._buf, self._version, self._lock, send, stop, credits),
         )
         p.start()
         send.close()  # the child holds the write end: EOF here once it is gone
-        self._procs[worker] = (p, recv, stop)
+        self._procs[worker] = (p, recv, stop, credits)
 
     def _stop_worker(self, worker: int) -> None:
-        p, conn, stop = self._procs.pop(worker)
+        p, conn, stop, _ = self._procs.pop(worker)
         stop.set()
         deadline = time.monotonic() + 5.0
         while p.is_alive() and time.monotonic() < deadline:
@@ -187,7 +197,7 @@ class ProcessPool(WorkerPool):
             self._version.value = version
 
     def _receive(self, timeout: float) -> tuple[list[Chunk], list[int]]:
-        by_conn = {conn: w for w, (_, conn, _) in self._procs.items()}
+        by_conn = {proc[1]: w for w, proc in self._procs.items()}
         chunks: list[Chunk] = []
         dead: set[int] = set()
         for ready in wait(list(by_conn), timeout=timeout):
@@ -197,9 +207,10 @@ class ProcessPool(WorkerPool):
             try:
                 while conn.poll():
                     chunks.append(conn.recv())
+                    self._procs[by_conn[conn]][3].release()
             except (EOFError, OSError):
                 dead.add(by_conn[conn])
-        dead |= {w for w, (p, _, _) in self._procs.items() if p.exitcode is not None}
+        dead |= {w for w, proc in self._procs.items() if proc[0].exitcode is not None}
         return chunks, sorted(dead)
 
     def kill(self, worker: int) -> None:
