@@ -15,8 +15,9 @@ what the synchronous loop does (warm start, offline data, online replay, multipl
 * Every ``episodes_per_round`` finished episodes (default: one per environment) make a *round*, as in
   the synchronous loop: the multiplier is updated from their mean cost, metrics are logged,
   evaluations and checkpoints follow the same ``eval_every`` / ``save_every``.
-* Every ``tune_interval_s`` the rates of the interval (environment steps, inference calls,
-  transitions produced and consumed, learner utilisation) are logged under ``pipeline/...``; with
+* Every ``tune_interval_s``, and at the end of a round that had no reading yet, the rates of the
+  interval (environment steps, inference calls, transitions produced and consumed, learner
+  utilisation) are logged under ``pipeline/...``, so every round's row carries them; with
   ``tune=True`` the :class:`~arl_models.rate_tuner.RateTuner` moves the number of workers and the UTD.
 
 A checkpoint holds the same state as the synchronous loop's, so an interrupted run resumes from its
@@ -117,7 +118,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
     t0, start_steps = time.perf_counter(), state.env_steps
     latest: dict[str, float] = {}
     rounds_here, version, since_sync, owed, received = 0, 0, 0, 0.0, 0
-    counters, flowing = _Counters(), False
+    counters, flowing, read_this_round = _Counters(), False, False
     last_rates: dict[str, float] = {}
     rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
     pool: WorkerPool = make_pool(worker_spec(s), w.num_workers, w.backend, w.address)
@@ -159,10 +160,11 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
                     since_sync = 0
             counters.updates += done
             counters.update_time_s += time.perf_counter() - t_up
-            if flowing and time.perf_counter() - counters.t0 >= w.tune_interval_s:
+            round_due = len(rnd.episodes) >= per_round and not read_this_round
+            if flowing and counters.chunks and (time.perf_counter() - counters.t0 >= w.tune_interval_s or round_due):
                 last_rates, utd = _read_rates(pool, counters, utd, tuner)
                 s.sinks.log(last_rates, state.env_steps)
-                counters = _Counters()
+                counters, read_this_round = _Counters(), True
             while len(rnd.episodes) >= per_round and state.env_steps < cfg.steps:
                 # a round is exactly `per_round` episodes, as in the sync loop; the rest open the next
                 rnd.episodes, extra = rnd.episodes[:per_round], rnd.episodes[per_round:]
@@ -172,7 +174,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
                 latest["pipeline/transitions_received"] = float(received)  # finished episodes' and the open ones'
                 s.report_round(latest)
                 rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
-                rnd.episodes = extra
+                rnd.episodes, read_this_round = extra, False
                 rounds_here += 1
                 if stop_after_rounds is not None and rounds_here >= stop_after_rounds:
                     s.save()
