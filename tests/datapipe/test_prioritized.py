@@ -112,6 +112,105 @@ def test_tree_update_recomputes_ancestors_like_a_rebuild():
     assert [len(x) for x in tree.sums] == [1000, 252, 64, 16, 4]  # padded to K; the top has <= 8 nodes
 
 
+def reference_sum(ch: np.ndarray) -> np.ndarray:
+    """The kernels' reduction of children ``(k, n)``, vectorised over ``n``: four running sums over the
+    children ``c = q (mod 4)``, the ``k mod 4`` last children added to the first, then ``(s0 + s1) + (s2 + s3)``."""
+    k = len(ch)
+    lanes = [np.zeros(ch.shape[1]) for _ in range(4)]
+    for c in range(k - k % 4):
+        lanes[c % 4] += ch[c]
+    for c in range(k - k % 4, k):
+        lanes[0] += ch[c]
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+
+
+def reference_levels(leaves: np.ndarray, k: int, top: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The tree's levels by plain numpy, a level at a time: each node the reduction of its children
+    (:func:`reference_sum`), each minimum over the positive leaves below."""
+    sizes, n = [], len(leaves)
+    while True:
+        sizes.append(-(-n // k) * k)
+        if n <= top:
+            break
+        n = -(-n // k)
+    sums = [np.zeros(sizes[0])]
+    sums[0][: len(leaves)] = leaves
+    mins: list[np.ndarray] = []
+    for size in sizes[1:]:
+        ch = sums[-1].reshape(-1, k).T  # (k, n)
+        low = np.where(ch == 0.0, np.inf, ch) if not mins else mins[-1].reshape(-1, k).T
+        sums.append(np.zeros(size))
+        sums[-1][: ch.shape[1]] = reference_sum(ch)
+        mins.append(np.full(size, np.inf))
+        mins[-1][: ch.shape[1]] = low.min(0)
+    return sums, mins
+
+
+@pytest.mark.parametrize("fanout,top", [(2, 1), (4, 8), (16, 4096), (16, 64), (7, 5)])
+def test_compiled_tree_equals_a_numpy_reference(fanout, top):
+    """The compiled kernels against plain numpy on 20k leaves with zeros and duplicate updates: every sum and
+    minimum bit for bit, the total and minimum, and the draws: the inverse CDF of the leaves' running sums
+    wherever ``u`` is not within rounding of a boundary, and a positive leaf everywhere."""
+    rng = np.random.default_rng(fanout * 100 + top)
+    n = 20_000
+    tree = SumTree(n, fanout, top=top)
+    for _ in range(20):
+        idx = rng.integers(0, n, size=int(rng.integers(1, 2000)))
+        tree.update(idx, rng.exponential(size=len(idx)) * (rng.uniform(size=len(idx)) < 0.9))
+    leaves = tree.leaves.copy()
+    sums, mins = reference_levels(leaves, fanout, top)
+    for got, want in zip(tree.sums + tree.mins, sums + mins, strict=True):
+        assert np.array_equal(got, want)
+    assert tree.total() == np.cumsum(sums[-1])[-1]
+    assert tree.min() == leaves[leaves > 0].min()
+    r = rng.uniform(size=20_000)
+    ends = np.cumsum(leaves)
+    u = r * ends[-1]
+    want = np.searchsorted(ends, u, side="right")
+    got = tree.draw(r)
+    assert (leaves[got] > 0).all()
+    gap = np.minimum(np.abs(u - ends[np.minimum(want, n - 1)]), np.abs(u - np.r_[0.0, ends][want]))
+    clear = gap > 1e-9 * ends[-1]
+    assert clear.mean() > 0.99 and np.array_equal(got[clear], want[clear])
+    order = np.argsort(r)  # ascending draws walk the top level, the others search it: the same leaves
+    assert np.array_equal(tree.draw(r[order]), got[order])
+
+
+def test_draws_at_the_top_of_the_range_land_on_the_last_positive_leaf():
+    """``u`` rounded onto (or past) the children's sum is drawn from the last non-empty child, never an
+    empty slot: here the last 30 leaves of each level's block are empty."""
+    for fanout, top in [(2, 1), (16, 4096), (16, 4)]:
+        leaves = np.r_[np.full(70, 0.1), np.zeros(30)]
+        tree = SumTree(100, fanout, top=top)
+        tree.update(np.arange(100), leaves)
+        got = tree.draw(np.array([0.0, 0.5, np.nextafter(1.0, 0.0), 1.0]))
+        assert got[0] == 0 and got[-1] == 69 and got[-2] == 69 and (leaves[got] > 0).all()
+
+
+def test_kernel_inputs_are_normalised_and_checked():
+    """Any integer or float dtype goes through one compiled signature per kernel (no recompiling), and a slot
+    outside the capacity is an IndexError rather than a write into the padding."""
+    import arl_models.prioritized as per_module
+
+    tree = SumTree(100, 16)
+    tree.update(np.arange(10, dtype=np.int32), np.ones(10, np.float32))
+    tree.update(np.array([3, 3]), np.array([2.0, 1.0]))
+    tree.draw(np.linspace(0, 0.99, 5, dtype=np.float32))
+    assert tree.leaves[3] == 2.0 and tree.total() == 11.0
+    with pytest.raises(IndexError):
+        tree.update(np.array([100]), np.array([1.0]))
+    with pytest.raises(IndexError):
+        tree.update(np.array([-1]), np.array([1.0]))
+    per = filled(10, PERConfig())
+    per.update_priorities(torch.arange(4, dtype=torch.int32), torch.rand(4, dtype=torch.float64))
+    per.update_priorities(torch.arange(4), torch.rand(4))
+    with pytest.raises(IndexError):
+        per.update_priorities(torch.tensor([100_000]), torch.tensor([1.0]))
+    for name in per_module._KERNELS:
+        if name not in per_module._INLINED:
+            assert len(getattr(per_module, name).signatures) <= 1, name
+
+
 def test_duplicate_indices_in_one_update():
     per = filled(10, PERConfig(alpha=1.0, eps=1e-9))
     per.update_priorities(torch.tensor([3, 3, 5, 3]), torch.tensor([1.0, 4.0, -2.0, 0.5]))
