@@ -6,6 +6,7 @@ MLflow's thread-local active run.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -57,14 +58,20 @@ def validate_in_run(
     """Great Expectations before any training, as the nested ``validate`` run.
 
     Failing expectations (with example values and rows) go to the Prefect log, to the run's tags, and into
-    the raised :class:`~tasks.validate.DataValidationError`.
+    the raised :class:`~tasks.validate.DataValidationError`. Bytes that already passed the same suites (at
+    ingest, or in an earlier run) are not validated again: the nested ``validate_dataset`` task returns the
+    recorded verdict (a ``Cached`` task run), and this run logs it with ``arl.validation.reused=true`` and
+    when it was validated.
     """
+    from mlflow.entities import Metric, RunTag
+
     run_id = tracking.start_stage_run(
         parent_run_id, "validate", params={"path": path}, tracking_uri=tracking_uri
     )
     c = tracking.client(tracking_uri)
+    started = datetime.now(UTC)
     try:
-        summary = validate_dataset.fn(path, data_docs_dir=data_docs_dir)
+        summary = validate_dataset(path, data_docs_dir=data_docs_dir)
     except DataValidationError as e:
         failed = sorted({f.expectation for f in e.report.failures})
         c.set_tag(run_id, "arl.validation.failed", ", ".join(failed)[:5000])
@@ -74,10 +81,29 @@ def validate_in_run(
     except BaseException:
         tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
         raise
-    c.log_metric(run_id, "validate/num_rows", summary["num_rows"])
-    c.log_metric(run_id, "validate/expectations", summary["expectations"])
+    validated_at = summary.get("validated_at")
+    reused = validated_at is not None and datetime.fromisoformat(validated_at) < started
+    if reused:
+        get_run_logger().info(
+            "%s: these bytes passed the same suites at %s (%s); not validated again",
+            path,
+            validated_at,
+            summary["path"],
+        )
+    c.log_batch(
+        run_id,
+        metrics=[
+            Metric("validate/num_rows", summary["num_rows"], 0, 0),
+            Metric("validate/expectations", summary["expectations"], 0, 0),
+        ],
+        tags=[
+            RunTag("arl.validation.reused", str(reused).lower()),
+            RunTag("arl.validation.validated_at", str(validated_at)),
+            RunTag("arl.validation.validated_path", summary["path"]),
+        ],
+    )
     tracking.end_run(run_id, tracking_uri=tracking_uri)
-    return summary
+    return {**summary, "path": path, "reused": reused}
 
 
 @task(name="finish_pipeline_run", retries=2, retry_delay_seconds=5)

@@ -4,12 +4,20 @@
 is the Prefect task around it that fails the run with :class:`DataValidationError`. The table is turned
 into one flat frame with numpy (``tasks.frames``); both suites run against it through one GX
 ``Checkpoint`` in an ephemeral context, which also builds Data Docs when a directory is given.
+
+The task's result is cached under the dataset's content digest and the suites' digest
+(:func:`validation_key`): the pipeline validating the version that ``ingest_flow`` validated minutes ago
+(the same bytes, pulled by DVC) reads the recorded verdict instead of running GX again. Only a pass is
+recorded; a failing or unreadable dataset is judged afresh every time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +28,8 @@ from tasks.frames import INDEX_COLUMNS, run_parameters, validation_frame
 
 SUITES = ("metadata", "transitions")
 MAX_EXAMPLES = 5
+_VALIDATION_CODE = ("validate.py", "frames.py")
+"""Files beside this one whose code decides the verdict (with ``expectations/``), part of the suites' digest."""
 
 
 class DataValidationError(Exception):
@@ -199,11 +209,53 @@ def validate_dataset_dir(path: str | Path, *, data_docs_dir: str | Path | None =
     )
 
 
-@task(name="validate_dataset", retries=0)
+def dataset_digest(path: str | Path) -> str:
+    """sha256 over the dataset directory's files (relative path and contents, in sorted order)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        with f.open("rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()
+
+
+def suites_digest() -> str:
+    """sha256 of what judges a dataset: both suite files, the code that builds the frame, the GX version."""
+    from importlib.metadata import version
+
+    import expectations
+
+    h = hashlib.sha256(version("great_expectations").encode())
+    for name in SUITES:
+        h.update(json.dumps(expectations.raw_suite(name), sort_keys=True).encode())
+    for f in (Path(expectations.__file__), *(Path(__file__).with_name(n) for n in _VALIDATION_CODE)):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def validation_key(path: str | Path, data_docs_dir: str | None = None) -> str:
+    """Identical bytes judged by identical suites (and Data Docs built into the same place) get one verdict."""
+    docs = hashlib.sha256(str(data_docs_dir or "").encode()).hexdigest()[:12]
+    return f"arl-validate-{dataset_digest(path)}-{suites_digest()[:16]}-{docs}"
+
+
+def _validation_key(context: Any, parameters: dict[str, Any]) -> str:
+    return validation_key(parameters["path"], parameters.get("data_docs_dir"))
+
+
+@task(
+    name="validate_dataset",
+    task_run_name="validate {path}",
+    cache_key_fn=_validation_key,
+    persist_result=True,
+    retries=0,
+)
 def validate_dataset(path: str, data_docs_dir: str | None = None) -> dict[str, Any]:
     """Prefect task: validate, log the verdict, raise :class:`DataValidationError` on failure.
 
-    Returns a small serialisable summary (path, rows, expectations, data docs) for downstream tasks.
+    Returns a small serialisable summary (path, rows, expectations, data docs, when it was validated) for
+    downstream tasks; a cache hit returns the summary recorded when these bytes passed.
     """
     logger = get_run_logger()
     try:
@@ -221,4 +273,6 @@ def validate_dataset(path: str, data_docs_dir: str | None = None) -> dict[str, A
         "expectations": len(report.results),
         "data_docs": report.data_docs,
         "validated": True,
+        "validated_at": datetime.now(UTC).isoformat(),
+        "seconds": report.seconds,
     }

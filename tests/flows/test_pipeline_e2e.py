@@ -49,6 +49,9 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert [d.dataset.digest for d in parent.inputs.dataset_inputs] == [demo_version["md5"]]
     stages = _children(first["run_id"])
     assert set(stages) == {"validate", "bc", "cql", "finetune", "evaluate"}
+    # the bytes ingest_flow validated (pulled here by DVC) are not judged again: the recorded pass is reused
+    validate = stages["validate"].data
+    assert validate.tags["arl.validation.reused"] == "true" and validate.metrics["validate/expectations"] > 0
     finetune = stages["finetune"]
     assert {"online/lagrange_multiplier", "online/cumulative_cost"} <= set(finetune.data.metrics)
     cql = stages["cql"]
