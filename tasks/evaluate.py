@@ -71,6 +71,7 @@ def _register_key(context: Any, parameters: dict[str, Any]) -> str:
     task_run_name="register {stage_result[stage]}",
     cache_key_fn=_register_key,
     persist_result=True,
+    result_serializer="json",  # a cache hit reads JSON back: a persisted result is never unpickled
     retries=2,
     retry_delay_seconds=5,
 )

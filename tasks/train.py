@@ -169,6 +169,7 @@ def _continual(
     task_run_name="train {stage}",
     cache_key_fn=_cache_key,
     persist_result=True,
+    result_serializer="json",  # a cache hit reads JSON back: a persisted result is never unpickled
     retries=0,  # training is not I/O: a retry would repeat the same failure; a killed process resumes instead
 )
 def train_stage(

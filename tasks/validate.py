@@ -249,6 +249,7 @@ def _validation_key(context: Any, parameters: dict[str, Any]) -> str:
     task_run_name="validate {path}",
     cache_key_fn=_validation_key,
     persist_result=True,
+    result_serializer="json",  # a cache hit reads JSON back: a persisted result is never unpickled
     retries=0,
 )
 def validate_dataset(path: str, data_docs_dir: str | None = None) -> dict[str, Any]:
