@@ -6,7 +6,6 @@ MLflow's thread-local active run.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -69,9 +68,9 @@ def validate_in_run(
         parent_run_id, "validate", params={"path": path}, tracking_uri=tracking_uri
     )
     c = tracking.client(tracking_uri)
-    started = datetime.now(UTC)
     try:
-        summary = validate_dataset(path, data_docs_dir=data_docs_dir)
+        state = validate_dataset(path, data_docs_dir=data_docs_dir, return_state=True)
+        summary = state.result()  # raises the task's DataValidationError
     except DataValidationError as e:
         failed = sorted({f.expectation for f in e.report.failures})
         c.set_tag(run_id, "arl.validation.failed", ", ".join(failed)[:5000])
@@ -82,7 +81,7 @@ def validate_in_run(
         tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
         raise
     validated_at = summary.get("validated_at")
-    reused = validated_at is not None and datetime.fromisoformat(validated_at) < started
+    reused = state.name == "Cached"
     if reused:
         get_run_logger().info(
             "%s: these bytes passed the same suites at %s (%s); not validated again",
