@@ -16,6 +16,10 @@ updates the multiplier, logs and checkpoints. A checkpoint after a round holds e
 continue exactly (weights, optimisers, multiplier, RNG, the online replay and the counters), so an
 interrupted run resumes to the same weights.
 
+With ``preprocess`` set, every training batch's observations go through a batched transform on the
+learner's device (``preprocess.py``: state augmentations, or a registered one) between sampling and the
+update; the environments, the workers and the replays only ever see raw observations.
+
 Every episode is recorded in ``OUT/episodes.jsonl`` (return, cost, cumulative cost, multiplier);
 ``OUT/metrics.jsonl`` has one line per round under ``online/...`` and ``eval/...``.
 """
@@ -45,6 +49,7 @@ from arl_models.envs.registry import TaskSpec, get_task, make_env
 from arl_models.evaluate import evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
+from arl_models.preprocess import ObsStats, make_preprocessor
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.rate_tuner import RateTargets
 from arl_models.replay import ActionScaler, ReplayBuffer
@@ -102,6 +107,11 @@ class FinetuneConfig:
     """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'
     critic TD losses are weighted by their IS weights (offline rows weigh 1) and their priorities set
     from the update's TD errors; ``None`` samples it uniformly."""
+    preprocess: str = "none"
+    """Transform of every training batch's observations on the learner's device, never on the acting
+    path (``preprocess.py``): ``none``, ``amplitude`` or ``noise`` (state augmentations), or a registered name."""
+    preprocess_scale: float = 0.1
+    """Strength of ``preprocess``: the amplitude's half-width, or the noise's std in data stds."""
     pipeline: str = "sync"
     """``sync``: rounds over a vector environment, collection and updates in turn (this module).
     ``async``: a pool of environment workers collects while the learner updates (``online_async.py``)."""
@@ -324,6 +334,7 @@ def finetune(
         else PrioritizedReplay(cfg.online_capacity, env["obs_dim"], env["action_dim"], cfg.prioritized)
     )
     online_mc = torch.zeros(cfg.online_capacity)
+    preprocess = make_preprocessor(cfg.preprocess, cfg.preprocess_scale, ObsStats.of(offline.data["obs"][: len(offline)]))
     state = OnlineState()
     refs = (env["ref_random_return"], env["ref_expert_return"]) if env.get("ref_random_return") is not None else None
 
@@ -358,9 +369,10 @@ def finetune(
         if len(online) < max(n_online, 1):
             return None
         if not isinstance(online, PrioritizedReplay):
-            return algo.update(sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc))
+            batch = sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc)
+            return algo.update(batch if preprocess is None else preprocess(batch))
         batch, idx, w = sample_mixed_prioritized(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc)
-        m = algo.update(batch, weights=w)
+        m = algo.update(batch if preprocess is None else preprocess(batch), weights=w)
         assert algo.td_error is not None
         online.update_priorities(idx, algo.td_error[batch_size - len(idx) :])
         return m | {"is_weight_mean": float(w[batch_size - len(idx) :].mean()) if len(idx) else 1.0}

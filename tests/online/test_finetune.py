@@ -142,8 +142,9 @@ def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tm
     assert read_config(out)["stage"] == "finetune"
 
 
-def test_resume_after_interrupt_gives_the_same_weights(tiny_cql, pendulum_data, tmp_path):
-    cfg = replace(TINY, steps=1200)
+@pytest.mark.parametrize("preprocess", ["none", "amplitude"])
+def test_resume_after_interrupt_gives_the_same_weights(tiny_cql, pendulum_data, tmp_path, preprocess):
+    cfg = replace(TINY, steps=1200, preprocess=preprocess)
     finetune(tiny_cql, tmp_path / "a", data=pendulum_data, config=cfg, progress=False)
     finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False, stop_after_rounds=1)
     assert json.loads((tmp_path / "b" / "episodes.jsonl").read_text().splitlines()[-1])["env_steps"] == 400
@@ -167,3 +168,32 @@ def test_cli_finetune_with_worker_processes(tiny_cql, pendulum_data, tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.output[res.output.index("{\n") :])["online/env_steps_total"] == 400
     assert (out / "train_state").is_dir()
+
+
+def test_preprocessing_runs_on_every_training_batch_and_the_replay_stays_raw(tiny_cql, pendulum_data, tmp_path):
+    from arl_models.preprocess import PREPROCESSORS, register_preprocessor
+
+    seen: list[float] = []
+
+    class Shift:  # an unmistakable transform: observations moved by 1000
+        def __init__(self, stats, scale):
+            self.scale = scale
+
+        def __call__(self, batch):
+            seen.append(float(batch.obs.abs().max()))
+            return replace(batch, obs=batch.obs + self.scale, next_obs=batch.next_obs + self.scale)
+
+    register_preprocessor("shift-test", Shift)
+    try:
+        cfg = replace(TINY, preprocess="shift-test", preprocess_scale=1000.0)
+        final = finetune(tiny_cql, tmp_path / "ft", data=pendulum_data, config=cfg, progress=False)
+    finally:
+        del PREPROCESSORS["shift-test"]
+    assert len(seen) == final["online/updates"] > 0
+    assert max(seen) <= 8.0 + 1e-5  # it is given raw observations (pendulum: |obs| <= 8) ...
+    state = load_file(str(tmp_path / "ft" / "train_state" / "state.safetensors"))
+    assert state["replay.obs"].abs().max() <= 8.0 + 1e-5  # ... and the replay keeps them raw
+    finetune(tiny_cql, tmp_path / "plain", data=pendulum_data, config=TINY, progress=False)
+    plain = load_file(str(tmp_path / "plain" / "train_state" / "state.safetensors"))
+    critic = [k for k in state if k.startswith("critic") and "weight" in k][0]
+    assert not torch.equal(plain[critic], state[critic])  # the same seeds, other weights: the updates saw the transform
