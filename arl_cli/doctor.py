@@ -152,6 +152,16 @@ def check_replay_prioritized(obs_dim: int, act_dim: int, size: int, seconds: flo
     return _rate_check("replay_prioritized", rate, "batches/s", f"PrioritizedReplay({size:,}) sample({batch}) + priority update")
 
 
+def check_preprocess(name: str, replay, seconds: float, batch: int) -> Check:
+    """The learner-side observation transform (``FinetuneConfig.preprocess``) on sampled batches."""
+    from arl_models.preprocess import ObsStats, make_preprocessor
+
+    prep = make_preprocessor(name, 0.1, ObsStats.of(replay.data["obs"][: len(replay)]))
+    b = replay.sample(batch)
+    rate = measure(lambda: prep(b), seconds)
+    return _rate_check("preprocess", rate, "batches/s", f"preprocess {name!r} on a batch of {batch}, learner side")
+
+
 def check_learner(name: str, algo, replay, seconds: float) -> Check:
     bs = algo.cfg.batch_size
     rate = measure(lambda: algo.update(replay.sample(bs)), seconds)
@@ -333,6 +343,7 @@ def where_time_goes(checks: dict[str, Check], utd: float, envs_per_worker: int, 
         ("inference", "worker", 1000 / (_rate(checks, b) * envs_per_worker)),
         ("replay add", "learner", rollout_add_ms),
         ("replay sample", "learner", utd * 1000 / _rate(checks, "replay_uniform")),
+        *([("preprocess", "learner", utd * 1000 / _rate(checks, "preprocess"))] if "preprocess" in checks else []),
         ("learner update", "learner", utd * 1000 / _rate(checks, "learner_online")),
     ]
     per_side = {s: sum(ms for _, side, ms in rows if side == s and ms is not None and math.isfinite(ms)) for s in ("worker", "learner")}
@@ -341,7 +352,8 @@ def where_time_goes(checks: dict[str, Check], utd: float, envs_per_worker: int, 
 
 
 def run_doctor(task: str, preset: str = "demo", seconds: float = 1.0, workers: int | None = None, utd: float = 1.0,
-               envs_per_worker: int = 1, batch_inference: int = 8, replay_size: int = 100_000, threads: int = 1) -> dict[str, Any]:
+               envs_per_worker: int = 1, batch_inference: int = 8, replay_size: int = 100_000, threads: int = 1,
+               preprocess: str = "none") -> dict[str, Any]:
     """Every check, the verdict and the time table, as a JSON-ready dict."""
     import torch
 
@@ -365,6 +377,8 @@ def run_doctor(task: str, preset: str = "demo", seconds: float = 1.0, workers: i
     out.append(_guard("replay_uniform", "subsystem", lambda: check_replay_uniform(replay, seconds, pre.cql.batch_size)))
     out.append(_guard("replay_prioritized", "subsystem",
                       lambda: check_replay_prioritized(obs_dim, act_dim, replay_size, seconds, pre.cql.batch_size)))
+    if preprocess != "none":
+        out.append(_guard("preprocess", "subsystem", lambda: check_preprocess(preprocess, replay, seconds, pre.cql.batch_size)))
     for name, algo in learners.items():
         out.append(_guard(name, "subsystem", lambda n=name, a=algo: check_learner(n, a, replay, seconds)))
     checks = {c.name: c for c in out}
@@ -443,6 +457,7 @@ def doctor_cmd(
     envs_per_worker: Annotated[int, typer.Option(help="Environments per worker assumed in the verdict.")] = 1,
     replay_size: Annotated[int, typer.Option(help="Rows in the replay buffers measured (and in the latency estimate).")] = 100_000,
     threads: Annotated[int, typer.Option(help="torch threads while measuring.")] = 1,
+    preprocess: Annotated[str, typer.Option(help="Also time this learner-side observation transform (none | amplitude | noise).")] = "none",
 ) -> None:
     """Check each data-pipeline subsystem alone, then their interfaces, then a short stress run; print
     where the time goes and which subsystem is the bottleneck. Exit status 1 if a check fails."""
@@ -450,7 +465,8 @@ def doctor_cmd(
         typer.secho("error: --seconds must be positive", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     try:
-        report = run_doctor(task, preset, seconds, workers, utd, envs_per_worker, replay_size=replay_size, threads=threads)
+        report = run_doctor(task, preset, seconds, workers, utd, envs_per_worker, replay_size=replay_size, threads=threads,
+                            preprocess=preprocess)
     except KeyError as e:
         typer.secho(f"error: {e.args[0]}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

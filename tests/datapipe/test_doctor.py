@@ -133,3 +133,13 @@ def test_a_crashing_check_is_reported_not_raised():
 def test_unknown_task_is_a_clear_error():
     res = CliRunner().invoke(app, ["doctor", "--task", "no-such-task", "--seconds", "0.1"])
     assert res.exit_code == 2 and "unknown task" in res.output
+
+
+def test_preprocess_check_times_the_transform_and_joins_the_learner_side():
+    replay = doctor.random_replay(3, 1, 2_000)
+    c = doctor.check_preprocess("noise", replay, 0.2, 64)
+    assert c.status == "pass" and c.rate > 0 and "noise" in c.message
+    checks = {c.name: c}
+    rows = {r["part"]: r for r in doctor.where_time_goes(checks, 1.0, 1, None)}
+    assert rows["preprocess"]["side"] == "learner"
+    assert rows["preprocess"]["ms_per_transition"] == pytest.approx(1000 / c.rate)
