@@ -237,7 +237,8 @@ def _top_node(prefix: np.ndarray, sums: np.ndarray, top: int, t: int, x: float, 
     return lo
 
 
-def _tree_draw(sums: np.ndarray, off: np.ndarray, k: int, r: np.ndarray, prefix: np.ndarray) -> np.ndarray:
+def _tree_draw(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.ndarray,
+               prefix: np.ndarray) -> np.ndarray:
     top, t = off[-2], off[-1] - off[-2]
     prefix[0] = 0.0
     for j in range(t):  # the top level's running sums (prefix[t] is the total)
@@ -254,6 +255,10 @@ def _tree_draw(sums: np.ndarray, off: np.ndarray, k: int, r: np.ndarray, prefix:
         touch = 0.0
         for b in range(r.size):  # first load every block of the level: the cache misses overlap
             touch += sums[o + node[b] * k] + sums[o + node[b] * k + k - 1]
+        if d >= 1 and mins.size:  # and their minima, which the priority write-back after a draw reads
+            mo = o - off[1]
+            for b in range(r.size):
+                touch += mins[mo + node[b] * k] + mins[mo + node[b] * k + k - 1]
         sums[off[-1]] = touch  # the sink: the loads above stay
         for b in range(r.size):
             base, x = o + node[b] * k, u[b]
@@ -288,7 +293,7 @@ def _leaf_values(p: np.ndarray, c: np.ndarray, alpha: float, freshness: float, r
 def _sample(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.ndarray, prefix: np.ndarray,
             n: int, beta: float, batch_min: bool) -> tuple[np.ndarray, np.ndarray]:
     """Slots for the uniforms ``r`` (clipped to the ``n`` filled) and their IS weights."""
-    idx = _tree_draw(sums, off, k, r, prefix)
+    idx = _tree_draw(sums, mins, off, k, r, prefix)
     low = np.inf if batch_min else _tree_min(sums, mins, off)
     for b in range(idx.size):
         idx[b] = min(idx[b], n - 1)
@@ -401,7 +406,7 @@ class SumTree:
         """The leaf of each prefix sum ``u = r * total`` (``r`` in ``[0, 1)``, ``(B,)``): the ``i`` with
         ``sum(leaves[:i]) <= u < sum(leaves[:i + 1])``, for all ``B`` in one compiled descent."""
         r = np.ascontiguousarray(r, dtype=np.float64)
-        return _tree_draw(self._sums, self._off, self.k, r, self._prefix)
+        return _tree_draw(self._sums, self._mins, self._off, self.k, r, self._prefix)
 
 
 class TDLearner(Protocol):
