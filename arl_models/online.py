@@ -3,9 +3,10 @@
 SAC (or CQL / Cal-QL critics, see ``algos/calql.py``) warm-started from the offline checkpoint:
 actor, reward critics, cost critic, optimiser moments and the Lagrange multiplier's state. Offline,
 the multiplier was driven by ``Q_c``; here the measured signal switches to the undiscounted cost of
-finished episodes against the task's episode budget, with the configured PID gains, and the
-multiplier's value and integral carry over, so the policy gets no free burst of violations at the
-switch (Stooke et al. 2020).
+finished episodes relative to the task's episode budget (``cost / budget``, held to 1), with the
+configured PID gains, and the multiplier's value and integral carry over, so the policy gets no free
+burst of violations at the switch (Stooke et al. 2020). Relative, so that one set of gains fits budgets
+of 12 and 25 and episode costs of 50 or 300: an episode at twice the budget is an error of 1.
 
 Each batch is ``round(offline_ratio * B)`` transitions of the offline dataset plus the rest from the
 online replay (Ball et al. 2023, "RLPD": symmetric sampling). Episodes run in worker processes
@@ -100,8 +101,9 @@ class FinetuneConfig:
     """Penalise the actor with the episode-cost multiplier; ``False`` is the unconstrained baseline."""
     cost_budget: float | None = None
     """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
-    pid: PIDConfig = PIDConfig(kp=0.1, ki=0.05, kd=0.0)
-    """Gains of the multiplier on episode cost (per round); its state carries over from the offline stage."""
+    pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
+    """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
+    its state carries over from the offline stage."""
     online_capacity: int = 1_000_000
     prioritized: PERConfig | None = None
     """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'
@@ -216,7 +218,7 @@ def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, fl
     load_train_state(from_dir, algo)
     old = algo.lagrangian.state()
     algo.lagrangian = PIDLagrangian(algo.cfg.pid)
-    algo.lagrangian.load_state({**old, "prev": budget})  # the measured signal changes: no derivative kick
+    algo.lagrangian.load_state({**old, "prev": 1.0})  # the measured signal changes: no derivative kick
     algo.step = 0
     torch.manual_seed(algo.cfg.seed)
     return old
@@ -473,7 +475,7 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     state.rounds += 1
     state.updates += rnd.n_updates
     if cfg.constrained:
-        algo.lagrangian.update(float(costs.mean()), budget)
+        algo.lagrangian.update(float(costs.mean()) / budget, 1.0)  # relative: gains independent of scale
     m = {f"online/{k}": v for k, v in rnd.mean_metrics().items()}
     return m | {
         "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),

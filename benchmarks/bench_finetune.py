@@ -53,8 +53,9 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--last-evals", type=int, default=3)
     p.add_argument("--conservative", default="none")
-    p.add_argument("--kp", type=float, default=0.1, help="multiplier gains (per round of episodes)")
-    p.add_argument("--ki", type=float, default=0.05)
+    p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
+    p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
+    p.add_argument("--ki", type=float, default=0.5)
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
@@ -72,7 +73,7 @@ def main() -> None:
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
     cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative,
+                         eval_episodes=a.eval_episodes, conservative=a.conservative, cost_budget=a.budget,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]

@@ -11,7 +11,10 @@ Three critic regimes, chosen by ``conservative``: ``none`` (plain SAC critics, t
 issue), ``cql`` (the offline CQL term kept) and ``calql`` (the calibrated term).
 
 The cost constraint in fine-tuning is on the *episode* cost, which only the environment loop can
-measure: with ``external_multiplier`` the actor pays ``lambda * Q_c(s, pi(s))`` and the loop updates
+measure: with ``external_multiplier`` the actor minimises ``(L_SAC + lambda * Q_c(s, pi(s))) / (1 + lambda)``
+(the scaling of Stooke et al. 2020: the gradient's size stays that of SAC's however large the
+multiplier grows, so a jump of the multiplier turns the policy towards cost, not off a cliff) and the
+loop updates
 ``self.lagrangian`` from finished episodes (``online.py``); the offline ``cost_q_limit`` mechanism of
 SAC stays available for offline training (continual learning).
 
@@ -118,7 +121,8 @@ class CalQL(CQL):
     def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         loss, logp, qc = super().actor_loss(obs)
         if self.cfg.external_multiplier and qc is not None:
-            loss = loss + self.lagrangian.value * qc.mean()
+            lam = self.lagrangian.value
+            loss = (loss + lam * qc.mean()) / (1.0 + lam)
         reg = self._reg("actor", self.actor)
         return (loss if reg is None else loss + reg), logp, qc
 

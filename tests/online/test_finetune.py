@@ -56,8 +56,8 @@ def test_multiplier_rises_over_budget_and_falls_under(tiny_cql, tmp_path, pid):
     assert v[1] > v[0] and v[2] > v[1] and v[3] > v[2], v
     assert v[4] < v[3] and v[5] < v[4] and v[6] < v[5], v
     assert min(v) >= 0.0
-    if pid.kp == pid.kd == 0.0:  # gradient ascent: lambda += ki * (cost - budget)
-        assert v[1] - v[0] == pytest.approx(0.01 * (20.0 - 12.0))
+    if pid.kp == pid.kd == 0.0:  # gradient ascent: lambda += ki * (cost / budget - 1)
+        assert v[1] - v[0] == pytest.approx(0.01 * (20.0 / 12.0 - 1.0))
 
 
 def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
