@@ -11,12 +11,12 @@ Three critic regimes, chosen by ``conservative``: ``none`` (plain SAC critics, t
 issue), ``cql`` (the offline CQL term kept) and ``calql`` (the calibrated term).
 
 The cost constraint in fine-tuning is on the *episode* cost, which only the environment loop can
-measure: with ``external_multiplier`` the actor minimises ``(L_SAC + lambda * Q_c(s, pi(s))) / (1 + lambda)``
-(the scaling of Stooke et al. 2020: the gradient's size stays that of SAC's however large the
-multiplier grows, so a jump of the multiplier turns the policy towards cost, not off a cliff) and the
-loop updates
-``self.lagrangian`` from finished episodes (``online.py``); the offline ``cost_q_limit`` mechanism of
-SAC stays available for offline training (continual learning).
+measure: with ``external_multiplier`` the actor minimises
+``(L_SAC + lambda * Q_c(s, pi(s))) / (1 + lambda)`` and the loop updates ``self.lagrangian`` from
+finished episodes (``online.py``). The scaling is Stooke et al.'s (2020): the gradient keeps SAC's size
+however large the multiplier grows, so a jump of the multiplier turns the policy towards cost instead of
+swamping it. The offline ``cost_q_limit`` mechanism of SAC (unscaled) stays available for offline
+training (continual learning).
 
 An optional ``regularizer`` (EWC, ``ewc.py``) adds a penalty on the actor, critic and cost critic.
 """
