@@ -36,7 +36,7 @@ most 4,096 nodes (3,920 for a million items), whose running sums every draw reco
 numba kernels (``njit(cache=True, nogil=True)``): ``B`` ascending draws walk the top level once and then
 descend level by level, loading all ``B`` blocks of a level before scanning any, so that their cache misses
 overlap (two levels below the top for a million items), and with them the blocks of minima that the
-priority write-back after a draw recomputes (1.2x per sample-and-update at 1M); a priority update
+priority write-back after a draw recomputes (5.06x -> 6.3x TorchRL's at 1M); a priority update
 writes the leaves and recomputes only the touched ancestors, level by level; the IS weights are computed
 in the same call as the draws. Every inner node is always recomputed from its children by the same reduction (four
 interleaved running sums over the children, then their pairwise sum: see ``_recompute``), so a tree rebuilt
