@@ -74,8 +74,9 @@ def test_velocity_cost_from_observation_agrees_with_info():
         obs, _ = env.reset(seed=1)
         from_obs, from_info = [], []
         for _ in range(300):
-            obs, _, term, trunc, info = env.step(env.action_space.sample())
-            from_obs.append(spec.cost_fn.batch_cost(obs[None])[0])
+            action = env.action_space.sample()
+            obs, _, term, trunc, info = env.step(action)
+            from_obs.append(spec.cost_fn.batch_cost(action[None], obs[None])[0])
             from_info.append(info["cost"])
             if term or trunc:
                 obs, _ = env.reset()
@@ -114,3 +115,20 @@ def test_dynamics_variants_change_the_simulator():
     np.testing.assert_allclose(slippery.geom_friction[:, 0], base.geom_friction[:, 0] * 0.4)
     pend = make_env("safe-pendulum@1.2.0").unwrapped
     assert pend.max_torque == pytest.approx(2.0 * 0.6)
+
+
+def test_pendulum_effort_cost_is_one_exactly_above_the_torque_limit_and_batch_cost_agrees():
+    spec = get_task("safe-pendulum")
+    thr = spec.cost_fn.threshold
+    env = make_env(spec)
+    env.reset(seed=0)
+    actions = np.linspace(-2.0, 2.0, 41, dtype=np.float32)[:, None]  # includes exactly +-thr
+    seen = []
+    for a in actions:
+        obs, *_, info = env.step(a)
+        seen.append((info["cost"], info["collision_risk"], obs))
+    cost, risk = np.array([s[0] for s in seen]), np.array([s[1] for s in seen])
+    np.testing.assert_array_equal(cost, (np.abs(actions[:, 0]) > thr).astype(float))
+    assert np.all((risk >= 0) & (risk <= 1)) and risk[np.abs(actions[:, 0]) > thr].min() == 1.0
+    next_obs = np.stack([s[2] for s in seen])
+    np.testing.assert_array_equal(spec.cost_fn.batch_cost(actions, next_obs), cost)

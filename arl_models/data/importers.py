@@ -28,13 +28,15 @@ from arl_models.envs.registry import TaskSpec, env_dims, get_task
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 
 
-def _costs(spec: TaskSpec, next_obs: np.ndarray, given: np.ndarray | None, source: str) -> np.ndarray:
+def _costs(
+    spec: TaskSpec, action: np.ndarray, next_obs: np.ndarray, given: np.ndarray | None, source: str
+) -> np.ndarray:
     if given is not None:
         return np.asarray(given, np.float32)
     batch_cost = getattr(spec.cost_fn, "batch_cost", None)
     if batch_cost is None:
-        raise DatasetError(f"{source}: no cost column and task {spec.name!r} cannot compute costs from observations")
-    return batch_cost(next_obs)
+        raise DatasetError(f"{source}: no cost column and task {spec.name!r} cannot compute costs from its transitions")
+    return batch_cost(action, next_obs)
 
 
 def _info(spec: TaskSpec, quality: str, n_source: str) -> DatasetInfo:
@@ -99,7 +101,7 @@ def import_d4rl(
         keep = np.ones(n, bool)
         trunc = tout
     sel = keep
-    cost_arr = _costs(spec, nxt, None if cost is None else np.asarray(cost).reshape(-1), src)
+    cost_arr = _costs(spec, act, nxt, None if cost is None else np.asarray(cost).reshape(-1), src)
     episode_id = episode_id[sel]
     ph = policy_hash or hashlib.sha256(act.tobytes()).hexdigest()
     t = Transitions(
@@ -149,7 +151,7 @@ def import_minari(
     n = len(cat["rew"])
     ph = policy_hash or hashlib.sha256(cat["act"].tobytes()).hexdigest()
     t = Transitions(
-        obs=cat["obs"], action=cat["act"], reward=cat["rew"], cost=_costs(spec, cat["next_obs"], given, str(h5)),
+        obs=cat["obs"], action=cat["act"], reward=cat["rew"], cost=_costs(spec, cat["act"], cat["next_obs"], given, str(h5)),
         next_obs=cat["next_obs"], terminated=cat["term"], truncated=cat["trunc"], episode_id=cat["ep"],
         step=_episode_steps(cat["ep"]), **with_metadata(n, env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )

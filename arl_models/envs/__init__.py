@@ -11,10 +11,17 @@ from arl_models.envs.registry import (
     task_names,
     task_versions,
 )
-from arl_models.envs.safety import AngularSpeedCost, CostFn, SafetyWrapper, StepCost, VelocityCost
+from arl_models.envs.safety import (
+    ActuatorEffortCost,
+    AngularSpeedCost,
+    CostFn,
+    SafetyWrapper,
+    StepCost,
+    VelocityCost,
+)
 
 __all__ = [
-    "DEFAULT_COST_BUDGET", "AngularSpeedCost", "CostFn", "Dynamics", "SafetyWrapper", "StepCost",
+    "DEFAULT_COST_BUDGET", "ActuatorEffortCost", "AngularSpeedCost", "CostFn", "Dynamics", "SafetyWrapper", "StepCost",
     "TaskSpec", "VelocityCost", "env_dims", "get_task", "make_env", "register_task", "task_names",
     "task_versions",
 ]

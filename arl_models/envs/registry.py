@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from arl_models.envs.safety import AngularSpeedCost, CostFn, SafetyWrapper, VelocityCost
+from arl_models.envs.safety import ActuatorEffortCost, CostFn, SafetyWrapper, VelocityCost
 
 DEFAULT_COST_BUDGET = 25.0
 
@@ -126,7 +126,7 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
 def _register_builtin() -> None:
     # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
     builtin = [
-        ("safe-pendulum", "Pendulum-v1", AngularSpeedCost(threshold=3.0), "Pendulum swing-up; cost when |theta_dot| > 3 rad/s"),
+        ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0), "Pendulum swing-up; cost when |torque| > 1 N m"),
         ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
         ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
     ]
@@ -136,9 +136,12 @@ def _register_builtin() -> None:
         "1.2.0": Dynamics(actuator=0.6),
     }
     mujoco_extra = {"1.3.0": Dynamics(friction=0.4)}
-    # Pendulum's episodes are 200 steps: an SAC expert pays about 17 a episode at 3 rad/s, so its
-    # budget is 12 (measured: see tests/test_tasks.py); the velocity tasks keep Safety-Gymnasium's 25.
-    budgets = {"safe-pendulum": 12.0}
+    # Pendulum's episodes are 200 steps. Its cost is effort, not speed: every swing-up must pass about
+    # 4.7 rad/s at the bottom (energy), so a speed limit leaves a constrained policy no cheaper way up
+    # than the greedy one; a torque limit does (pump within 1 N m, more slowly). The SAC expert spends
+    # about 22 steps an episode above 1 N m, so a budget of 10 binds; the velocity tasks keep
+    # Safety-Gymnasium's 25 (benchmarks/README.md, "safe-pendulum's cost").
+    budgets = {"safe-pendulum": 10.0}
     for name, env_id, cost_fn, desc in builtin:
         budget = budgets.get(name, DEFAULT_COST_BUDGET)
         register_task(TaskSpec(name, env_id, cost_fn, cost_budget=budget, description=desc))

@@ -45,16 +45,17 @@ class VelocityCost:
         v = float(info[self.info_key])
         return StepCost(cost=float(v > self.threshold), risk=float(np.clip(abs(v) / self.threshold, 0.0, 1.0)))
 
-    def batch_cost(self, next_obs: np.ndarray) -> np.ndarray:
-        """Costs of many steps at once, from the next observations ``(N, O)``."""
+    def batch_cost(self, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        """Costs of many steps at once, from their actions ``(N, A)`` and next observations ``(N, O)``."""
         return (next_obs[:, self.obs_index] > self.threshold).astype(np.float32)
 
 
 @dataclass(frozen=True)
 class AngularSpeedCost:
-    """Pendulum: cost 1 when the angular speed exceeds ``threshold`` (rad/s).
+    """Cost 1 when a pendulum's angular speed (``obs[2]``) exceeds ``threshold`` (rad/s).
 
-    Swinging up needs speed; a fast, unconstrained swing-up pays for it.
+    Not ``safe-pendulum``'s cost: a swing-up cannot avoid speed, so this limit barely separates a
+    careful policy from a greedy one (see the registry).
     """
 
     threshold: float
@@ -64,8 +65,26 @@ class AngularSpeedCost:
         speed = abs(float(next_obs[2]))
         return StepCost(cost=float(speed > self.threshold), risk=float(min(speed / self.threshold, 1.0)))
 
-    def batch_cost(self, next_obs: np.ndarray) -> np.ndarray:
+    def batch_cost(self, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
         return (np.abs(next_obs[:, 2]) > self.threshold).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class ActuatorEffortCost:
+    """Cost 1 when the commanded effort exceeds ``threshold`` (in the environment's action units) in any
+    actuator: a motor driven past its continuous rating, which it stands only in short bursts.
+
+    The risk signal is the largest effort as a fraction of the threshold, clipped to [0, 1].
+    """
+
+    threshold: float
+
+    def __call__(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: dict) -> StepCost:
+        effort = float(np.max(np.abs(action)))
+        return StepCost(cost=float(effort > self.threshold), risk=float(min(effort / self.threshold, 1.0)))
+
+    def batch_cost(self, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        return (np.abs(action).max(axis=1) > self.threshold).astype(np.float32)
 
 
 class SafetyWrapper(gym.Wrapper):
