@@ -15,11 +15,13 @@ def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -
     theta = rng.uniform(-np.pi, np.pi, size=n)
     obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, size=n)], axis=1).astype(np.float32)
     step = np.tile(np.arange(length), n_episodes).astype(np.int32)
+    # an energy-pumping controller: push with the swing at 1.6 N m, past the 1 N m that costs
+    action = np.clip(1.6 * np.sign(obs[:, 2:3]) + rng.normal(0.0, 0.2, size=(n, 1)), -2, 2).astype(np.float32)
     return Transitions(
         obs=obs,
-        action=rng.uniform(-2, 2, size=(n, 1)).astype(np.float32),
+        action=action,
         reward=(-(theta**2)).astype(np.float32),
-        cost=(np.abs(obs[:, 2]) > 3).astype(np.float32),
+        cost=(np.abs(action[:, 0]) > 1.0).astype(np.float32),  # the task's effort cost
         next_obs=np.roll(obs, -1, axis=0),
         terminated=np.zeros(n, bool),
         truncated=step == length - 1,
@@ -41,7 +43,7 @@ def pendulum_info() -> DatasetInfo:
         quality="random",
         ref_random_return=-1200.0,
         ref_expert_return=-150.0,
-        cost_budget=12.0,
+        cost_budget=10.0,
         extra={"max_episode_steps": 200},
     )
 

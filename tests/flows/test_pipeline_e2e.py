@@ -18,10 +18,10 @@ pytestmark = pytest.mark.e2e
 MODEL = "arl-safe-pendulum"
 
 
-def _run(version: dict, seed: int = 0, **gate: float):
+def _run(version: dict, seed: int = 0, training: dict | None = None, **gate: float):
     return offline_to_online_flow(
         DatasetRef(path=version["path"], version=version["md5"]),
-        TrainingConfig(seed=seed, **TINY),
+        TrainingConfig(seed=seed, **{**TINY, **(training or {})}),
         GateConfig(**{**GATE, **gate}),
     )
 
@@ -80,8 +80,9 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     actions = model.predict(np.zeros((4, 3), dtype=np.float32))
     assert actions.shape == (4, 1) and np.all(np.abs(actions) <= 2.0)
 
-    # a second, worse run (another seed; its mean cost breaks the budget) becomes the challenger
-    second = _run(demo_version, seed=1, cost_budget=0.5)
+    # a second, worse run becomes the challenger: cloned long enough to copy the data's pumping at 1.6 N m,
+    # its policy pays the effort cost on most steps and breaks the budget
+    second = _run(demo_version, seed=1, training={"bc_steps": 300}, cost_budget=0.5)
     assert second["decision"]["alias"] == "challenger"
     assert registry.alias_version(MODEL, "champion", tracking_uri=_uri()) == champion
     loser = c.get_model_version(MODEL, second["decision"]["version"])
