@@ -125,7 +125,7 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
 
 def _register_builtin() -> None:
     # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
-    builtin = [
+    builtin: list[tuple[str, str, CostFn, str]] = [
         ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0), "Pendulum swing-up; cost when |torque| > 1 N m"),
         ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
         ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
