@@ -217,8 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     # the fused critic pass under bf16 autocast (float32 weights and losses): an opt-in precision, timed
     # only where the CPU computes bf16 natively (AVX512-BF16 / AMX); elsewhere it is emulated, ~7x slower
-    bf16_native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16: {bf16_native}")
+    cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+    bf16_native = cpu["native_bf16"]
+    print(f"CPU capability {cpu['capability']}, native bf16: {bf16_native}")
     if bf16_native:
         cql["ours_bf16_critic"] = lambda: ours_bf16.update(buf.sample(B))
     if ours_cost is not None:
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result = {
         "config": vars(args) | {"json": str(args.json) if args.json else None},
-        "cpu": {"capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": bf16_native},
+        "cpu": cpu,
         "gemm_gflops": gemm,
         "gemm_gflops_before": gemm_before,
         "gemm_gflops_after": gemm_after,

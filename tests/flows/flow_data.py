@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, write_dataset
+from arl_models.envs import get_task
 
 
 def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -> Transitions:
@@ -17,12 +18,13 @@ def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -
     step = np.tile(np.arange(length), n_episodes).astype(np.int32)
     # an energy-pumping controller: push with the swing at 1.6 N m, past the 1 N m that costs
     action = np.clip(1.6 * np.sign(obs[:, 2:3]) + rng.normal(0.0, 0.2, size=(n, 1)), -2, 2).astype(np.float32)
+    next_obs = np.roll(obs, -1, axis=0)
     return Transitions(
         obs=obs,
         action=action,
         reward=(-(theta**2)).astype(np.float32),
-        cost=(np.abs(action[:, 0]) > 1.0).astype(np.float32),  # the task's effort cost
-        next_obs=np.roll(obs, -1, axis=0),
+        cost=get_task("safe-pendulum").cost_fn.batch_cost(action, next_obs),
+        next_obs=next_obs,
         terminated=np.zeros(n, bool),
         truncated=step == length - 1,
         episode_id=np.repeat(np.arange(n_episodes), length).astype(np.int64),
@@ -43,7 +45,7 @@ def pendulum_info() -> DatasetInfo:
         quality="random",
         ref_random_return=-1200.0,
         ref_expert_return=-150.0,
-        cost_budget=10.0,
+        cost_budget=get_task("safe-pendulum").cost_budget,
         extra={"max_episode_steps": 200},
     )
 
