@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from arl_models.data.dataset import _replace_dir
-from arl_models.nets import DeterministicActor, TanhGaussianActor
+from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor
 from arl_models.replay import ActionScaler
 
 WEIGHTS = "weights.safetensors"
@@ -186,7 +186,7 @@ def config_from_dict(cls: type, d: dict[str, Any]) -> Any:
 class Policy:
     """A trained actor, ready to act in the environment's action space."""
 
-    def __init__(self, actor: nn.Module, scaler: ActionScaler, record: dict[str, Any]):
+    def __init__(self, actor: Actor, scaler: ActionScaler, record: dict[str, Any]):
         self.actor = actor.eval()
         self.scaler = scaler
         self.record = record

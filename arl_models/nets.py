@@ -117,6 +117,10 @@ class TanhGaussianActor(nn.Module):
         return self.sample(obs)[0]
 
 
+Actor = DeterministicActor | TanhGaussianActor
+"""Either policy network: both have ``act(obs, deterministic)`` in [-1, 1]."""
+
+
 def _tanh_gaussian_log_prob(u: torch.Tensor, mu: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     z = (u - mu) / log_std.exp()
     gauss = -0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
@@ -128,7 +132,7 @@ def _tanh_gaussian_log_prob(u: torch.Tensor, mu: torch.Tensor, log_std: torch.Te
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """Polyak averaging ``target <- (1 - tau) target + tau source``, fused over all parameters."""
-    t = list(target.parameters())
+    t: list[torch.Tensor] = list(target.parameters())
     torch._foreach_lerp_(t, list(source.parameters()), tau)
 
 

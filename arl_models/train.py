@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from tqdm.auto import tqdm
 
@@ -18,6 +18,12 @@ from arl_models.checkpoint import Algorithm, has_train_state, load_train_state, 
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.prioritized import PrioritizedReplay, TDLearner, prioritized_update
 from arl_models.replay import Batch
+
+
+class Trainable(Algorithm, Protocol):
+    """An algorithm :func:`fit` can drive: a checkpointable one with a gradient step."""
+
+    def update(self, batch: Batch) -> dict[str, float]: ...
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
@@ -29,7 +35,7 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
 
 
 def fit(
-    algo: Algorithm,
+    algo: Trainable,
     sample: Callable[[], Batch],
     steps: int,
     out: str | Path,

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arl_models.nets import DeterministicActor, TanhGaussianActor, adam
+from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor, adam
 from arl_models.replay import Batch
 
 
@@ -53,7 +53,7 @@ class BC:
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.device = torch.device(device)
         actor_cls = TanhGaussianActor if cfg.policy == "gaussian" else DeterministicActor
-        self.actor: nn.Module = actor_cls(obs_dim, act_dim, cfg.hidden).to(self.device)
+        self.actor: Actor = actor_cls(obs_dim, act_dim, cfg.hidden).to(self.device)
         self.actor_opt = adam(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
 

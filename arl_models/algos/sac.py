@@ -93,7 +93,7 @@ class SAC:
         return nets
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        opts = {"actor": self.actor_opt, "critic": self.critic_opt, "temp": self.temp_opt}
+        opts: dict[str, torch.optim.Optimizer] = {"actor": self.actor_opt, "critic": self.critic_opt, "temp": self.temp_opt}
         if self.cost_critic is not None:
             opts["cost_critic"] = self.cost_opt
         return opts

@@ -134,17 +134,17 @@ def import_minari(
             g = f[name]
             o = g["observations"][:].astype(np.float32)
             a = g["actions"][:].astype(np.float32)
-            t = len(a)
-            if len(o) != t + 1:
-                raise DatasetError(f"{h5}:{name}: observations has {len(o)} rows, expected actions+1 = {t + 1}")
+            steps = len(a)
+            if len(o) != steps + 1:
+                raise DatasetError(f"{h5}:{name}: observations has {len(o)} rows, expected actions+1 = {steps + 1}")
             parts["obs"].append(o[:-1])
             parts["next_obs"].append(o[1:])
             parts["act"].append(a)
             parts["rew"].append(g["rewards"][:].astype(np.float32))
             parts["term"].append(g["terminations"][:].astype(bool))
             parts["trunc"].append(g["truncations"][:].astype(bool))
-            parts["cost"].append(g["infos/cost"][:].astype(np.float32) if "infos/cost" in g else np.full(t, np.nan, np.float32))
-            parts["ep"].append(np.full(t, i, np.int64))
+            parts["cost"].append(g["infos/cost"][:].astype(np.float32) if "infos/cost" in g else np.full(steps, np.nan, np.float32))
+            parts["ep"].append(np.full(steps, i, np.int64))
     cat = {k: np.concatenate(v) for k, v in parts.items()}
     _check_dims(spec, cat["obs"], cat["act"], str(h5))
     given = None if np.isnan(cat["cost"]).any() else cat["cost"]

@@ -79,7 +79,7 @@ def get_task(task: str, env_version: str | None = None) -> TaskSpec:
 
 
 def _apply_dynamics(env: gym.Env, d: Dynamics) -> None:
-    base = env.unwrapped
+    base: Any = env.unwrapped  # MuJoCo and classic-control environments expose different attributes
     if d.is_default():
         return
     model = getattr(base, "model", None)
@@ -114,7 +114,8 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
     """``(obs_dim, action_dim, action_low, action_high, max_episode_steps)`` of a task."""
     env = make_env(task)
     try:
-        assert env.observation_space.shape is not None and env.action_space.shape is not None
+        if not isinstance(env.action_space, gym.spaces.Box) or env.observation_space.shape is None:
+            raise TypeError(f"{env.spec.id if env.spec else env}: continuous (Box) actions and observations needed")
         low = np.asarray(env.action_space.low, dtype=np.float32)
         high = np.asarray(env.action_space.high, dtype=np.float32)
         horizon = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000
