@@ -37,17 +37,6 @@ ENV = {
 _SAVED = {k: os.environ.get(k) for k in ENV}
 os.environ.update(ENV)
 
-# Tiny training for every pipeline test: seconds per stage, not minutes.
-TINY = {
-    "bc_steps": 5,
-    "cql_steps": 5,
-    "finetune_steps": 200,
-    "finetune_envs": 1,
-    "eval_episodes": 0,
-    "continual_steps": 5,
-}
-GATE = {"eval_episodes": 2, "cost_budget": 1e9, "tolerance": 5.0}
-
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     for k, v in _SAVED.items():

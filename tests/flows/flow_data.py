@@ -9,6 +9,17 @@ import numpy as np
 from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, write_dataset
 from arl_models.envs import get_task
 
+# Tiny training for every pipeline test: seconds per stage, not minutes.
+TINY = {
+    "bc_steps": 5,
+    "cql_steps": 5,
+    "finetune_steps": 200,
+    "finetune_envs": 1,
+    "eval_episodes": 0,
+    "continual_steps": 5,
+}
+GATE = {"eval_episodes": 2, "cost_budget": 1e9, "tolerance": 5.0}
+
 
 def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -> Transitions:
     rng = np.random.default_rng(seed)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GATE, TINY
+from flow_data import GATE, TINY
 
 from flows.offline_to_online import offline_to_online_flow
 from flows.params import DatasetRef, GateConfig, TrainingConfig

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GATE, TINY
+from flow_data import GATE, TINY
 
 from tasks import tracking
 from tasks.settings import state_paths
