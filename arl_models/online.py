@@ -255,7 +255,7 @@ class _Round:
     def run(self, envs: gym.vector.VectorEnv, seed: int, update) -> None:
         n = envs.num_envs
         target = self.cfg.episodes_per_round or n
-        obs, _ = envs.reset(seed=[seed + i for i in range(n)])
+        obs, _ = envs.reset(seed=[seed + i for i in range(n)])  # type: ignore[arg-type]  # one seed per env: typed int only
         staged: list[list[tuple]] = [[] for _ in range(n)]
         ret, cost = np.zeros(n), np.zeros(n)
         started, active, just_reset = min(n, target), np.arange(n) < target, np.zeros(n, bool)

@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--cql-steps", type=int, default=5000)
     p.add_argument("--steps", type=int, default=12_000, help="online environment steps")
     p.add_argument("--num-envs", type=int, default=4)
+    p.add_argument("--episodes-per-round", type=int, help="episodes between multiplier updates (default: --num-envs)")
     p.add_argument("--eval-every", type=int, default=2, help="rounds")
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--last-evals", type=int, default=3)
@@ -72,7 +73,7 @@ def main() -> None:
 
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
-    cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, eval_every=a.eval_every,
+    cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, episodes_per_round=a.episodes_per_round, eval_every=a.eval_every,
                          eval_episodes=a.eval_episodes, conservative=a.conservative, cost_budget=a.budget,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
@@ -89,7 +90,7 @@ def main() -> None:
         return float(np.mean([e[key] for e in res["evals"][-a.last_evals :]]))
 
     report = {
-        "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget,
+        "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget, "episodes_per_round": a.episodes_per_round or a.num_envs,
         "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
