@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--decay", type=float, default=0.9)
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--no-constraint", action="store_true",
+                   help="train the chain without the offline cost constraint, so scores measure forgetting alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-continual"))
     p.add_argument("--json", type=Path)
@@ -49,7 +51,8 @@ def main() -> None:
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
     cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=3e-4, temp_lr=3e-4)
-    train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0)
+    train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
+              constrained=not a.no_constraint)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed),
                           online_steps=a.online_steps, eval_episodes=a.eval_episodes)
     ewc_from, naive_from, steps = start, start, []
@@ -57,7 +60,7 @@ def main() -> None:
         out = a.workdir / f"v{k}"
         rep = train_continual(ewc_from, a.data[k], out, previous=list(a.data[:k]), naive_from=naive_from,
                               config=cfg, progress=False)
-        steps.append({name: {key: rep[name][key] for key in ("scores", "forgetting", "mean_forgetting", "new_score", "best_earlier")}
+        steps.append({name: {key: rep[name][key] for key in ("start_scores", "scores", "forgetting", "mean_forgetting", "new_score", "best_earlier")}
                       for name in ("ewc", "naive")} | {"forgetting_ratio": rep["forgetting_ratio"], "new_score_ratio": rep["new_score_ratio"]})
         print(json.dumps(steps[-1], indent=2), flush=True)
         ewc_from, naive_from = out, out / "naive"
