@@ -41,6 +41,7 @@ def finetune_cmd(
     conservative: Annotated[str, typer.Option(help="none (SAC) | cql | calql")] = "none",
     budget: Annotated[float | None, typer.Option(help="Episode cost budget (default: the task's).")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold episode cost to the budget with the PID multiplier.")] = True,
+    cost_margin: Annotated[float, typer.Option(help="Share of the budget held in reserve: training episodes are held to budget x (1 - margin).")] = 0.3,
     kp: Annotated[float, typer.Option(help="Multiplier's proportional gain, on the relative violation cost / budget - 1.")] = 1.0,
     ki: Annotated[float, typer.Option(help="Multiplier's integral gain (gradient ascent's step with kp=kd=0).")] = 0.5,
     kd: Annotated[float, typer.Option(help="Multiplier's derivative gain.")] = 0.0,
@@ -68,7 +69,7 @@ def finetune_cmd(
     pool = WorkerConfig(backend=backend, address=ray_address, num_workers=workers, sync_every=sync_every, tune=tune)
     cfg = FinetuneConfig(
         seed=seed, steps=steps, num_envs=num_envs, offline_ratio=offline_ratio, conservative=conservative,
-        cost_budget=budget, constrained=constrained, pid=PIDConfig(kp=kp, ki=ki, kd=kd), utd=utd,
+        cost_budget=budget, cost_margin=cost_margin, constrained=constrained, pid=PIDConfig(kp=kp, ki=ki, kd=kd), utd=utd,
         eval_every=eval_every, eval_episodes=eval_episodes, vector=vector, pipeline=pipeline, workers=pool,
         preprocess=preprocess, preprocess_scale=preprocess_scale,
     )

@@ -3,7 +3,7 @@
 SAC (or CQL / Cal-QL critics, see ``algos/calql.py``) warm-started from the offline checkpoint:
 actor, reward critics, cost critic, optimiser moments and the Lagrange multiplier's state. Offline,
 the multiplier was driven by ``Q_c``; here the measured signal switches to the undiscounted cost of
-finished episodes relative to the task's episode budget (``cost / budget``, held to 1), with the
+finished episodes relative to the task's episode budget (``cost / budget``, held to ``1 - cost_margin``), with the
 configured PID gains, and the multiplier's value and integral carry over, so the policy gets no free
 burst of violations at the switch (Stooke et al. 2020). Relative, so that one set of gains fits budgets
 of 12 and 25 and episode costs of 50 or 300: an episode at twice the budget is an error of 1.
@@ -101,6 +101,10 @@ class FinetuneConfig:
     """Penalise the actor with the episode-cost multiplier; ``False`` is the unconstrained baseline."""
     cost_budget: float | None = None
     """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
+    cost_margin: float = 0.3
+    """Share of the budget held in reserve: the multiplier holds the training episodes' mean cost to
+    ``budget * (1 - cost_margin)``, so that the policy's cost, which the controller only holds on
+    average over noisy rounds of a few episodes, stays under the budget itself."""
     pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
     """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
     its state carries over from the offline stage."""
@@ -321,6 +325,8 @@ def finetune(
     cfg, out = config, Path(out)
     if cfg.pipeline not in ("sync", "async"):
         raise ValueError(f"pipeline must be 'sync' or 'async', got {cfg.pipeline!r}")
+    if not 0.0 <= cfg.cost_margin < 1.0:
+        raise ValueError(f"cost_margin is a share of the budget in [0, 1), got {cfg.cost_margin}")
     out.mkdir(parents=True, exist_ok=True)
     resuming = has_train_state(out)
     rec_from = read_config(from_dir)
@@ -475,7 +481,7 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     state.rounds += 1
     state.updates += rnd.n_updates
     if cfg.constrained:
-        algo.lagrangian.update(float(costs.mean()) / budget, 1.0)  # relative: gains independent of scale
+        algo.lagrangian.update(float(costs.mean()) / budget, 1.0 - cfg.cost_margin)  # relative: gains independent of scale
     m = {f"online/{k}": v for k, v in rnd.mean_metrics().items()}
     return m | {
         "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),

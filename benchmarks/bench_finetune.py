@@ -51,10 +51,11 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=4)
     p.add_argument("--episodes-per-round", type=int, help="episodes between multiplier updates (default: --num-envs)")
     p.add_argument("--eval-every", type=int, default=2, help="rounds")
-    p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--eval-episodes", type=int, default=50, help="episodes per evaluation (fixed starts)")
     p.add_argument("--last-evals", type=int, default=3)
     p.add_argument("--conservative", default="none")
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
+    p.add_argument("--cost-margin", type=float, default=0.3, help="share of the budget the multiplier holds in reserve")
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
     p.add_argument("--ki", type=float, default=0.5)
     p.add_argument("--kd", type=float, default=0.0)
@@ -74,7 +75,7 @@ def main() -> None:
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
     cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, episodes_per_round=a.episodes_per_round, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative, cost_budget=a.budget,
+                         eval_episodes=a.eval_episodes, conservative=a.conservative, cost_budget=a.budget, cost_margin=a.cost_margin,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
@@ -91,7 +92,7 @@ def main() -> None:
 
     report = {
         "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget, "episodes_per_round": a.episodes_per_round or a.num_envs,
-        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "conservative": a.conservative,
+        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
                   "cumulative_cost": res["final"]["online/cumulative_cost"],

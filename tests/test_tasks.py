@@ -4,6 +4,7 @@ import pytest
 
 from arl_models.envs import (
     DEFAULT_COST_BUDGET,
+    ActuatorEffortCost,
     SafetyWrapper,
     StepCost,
     TaskSpec,
@@ -117,9 +118,9 @@ def test_dynamics_variants_change_the_simulator():
     assert pend.max_torque == pytest.approx(2.0 * 0.6)
 
 
-def test_pendulum_effort_cost_is_one_exactly_above_the_torque_limit_and_batch_cost_agrees():
+def test_pendulum_effort_cost_is_the_overload_past_the_torque_limit_and_batch_cost_agrees():
     spec = get_task("safe-pendulum")
-    thr = spec.cost_fn.threshold
+    thr, ramp = spec.cost_fn.threshold, spec.cost_fn.ramp
     env = make_env(spec)
     env.reset(seed=0)
     actions = np.linspace(-2.0, 2.0, 41, dtype=np.float32)[:, None]  # includes exactly +-thr
@@ -128,7 +129,16 @@ def test_pendulum_effort_cost_is_one_exactly_above_the_torque_limit_and_batch_co
         obs, *_, info = env.step(a)
         seen.append((info["cost"], info["collision_risk"], obs))
     cost, risk = np.array([s[0] for s in seen]), np.array([s[1] for s in seen])
-    np.testing.assert_array_equal(cost, (np.abs(actions[:, 0]) > thr).astype(float))
+    overload = np.clip((np.abs(actions[:, 0]) - thr) / ramp, 0.0, 1.0)
+    np.testing.assert_allclose(cost, overload, atol=1e-6)  # zero up to the rating, 1 at full torque
+    assert cost[np.abs(actions[:, 0]) <= thr].max() == 0.0 and cost.max() == 1.0
     assert np.all((risk >= 0) & (risk <= 1)) and risk[np.abs(actions[:, 0]) > thr].min() == 1.0
     next_obs = np.stack([s[2] for s in seen])
-    np.testing.assert_array_equal(spec.cost_fn.batch_cost(actions, next_obs), cost)
+    np.testing.assert_allclose(spec.cost_fn.batch_cost(actions, next_obs), cost, atol=1e-6)
+
+
+def test_effort_cost_without_a_ramp_is_a_step():
+    step = ActuatorEffortCost(threshold=1.0)
+    actions = np.array([[0.5], [1.0], [1.01], [-1.5], [2.0]], np.float32)
+    np.testing.assert_array_equal(step.batch_cost(actions, np.zeros((5, 3))), [0, 0, 1, 1, 1])
+    assert step(np.zeros(3), np.array([1.5]), np.zeros(3), {}).cost == 1.0

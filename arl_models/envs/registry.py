@@ -127,7 +127,7 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
 def _register_builtin() -> None:
     # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
     builtin: list[tuple[str, str, CostFn, str]] = [
-        ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0), "Pendulum swing-up; cost when |torque| > 1 N m"),
+        ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0, ramp=1.0), "Pendulum swing-up; cost: torque past 1 N m, in N m (0 to 1 a step)"),
         ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
         ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
     ]
@@ -139,9 +139,11 @@ def _register_builtin() -> None:
     mujoco_extra = {"1.3.0": Dynamics(friction=0.4)}
     # Pendulum's episodes are 200 steps. Its cost is effort, not speed: every swing-up must pass about
     # 4.7 rad/s at the bottom (energy), so a speed limit leaves a constrained policy no cheaper way up
-    # than the greedy one; a torque limit does (pump within 1 N m, more slowly). The SAC expert spends
-    # about 22 steps an episode above 1 N m, so a budget of 10 binds; the velocity tasks keep
-    # Safety-Gymnasium's 25 (benchmarks/README.md, "safe-pendulum's cost").
+    # than the greedy one; a torque limit does (pump within 1 N m, more slowly). The cost is graded, the
+    # overload past 1 N m (1 a step at the full 2 N m): a step cost gives the learned cost critic no slope
+    # once a policy is past the limit, and fine-tuning then slid into full-torque rounds. The SAC expert
+    # pays about 16 an episode, so a budget of 10 binds; the velocity tasks keep Safety-Gymnasium's 25
+    # (benchmarks/README.md, "safe-pendulum's cost" and "The graded effort cost").
     budgets = {"safe-pendulum": 10.0}
     for name, env_id, cost_fn, desc in builtin:
         budget = budgets.get(name, DEFAULT_COST_BUDGET)

@@ -71,20 +71,29 @@ class AngularSpeedCost:
 
 @dataclass(frozen=True)
 class ActuatorEffortCost:
-    """Cost 1 when the commanded effort exceeds ``threshold`` (in the environment's action units) in any
-    actuator: a motor driven past its continuous rating, which it stands only in short bursts.
+    """Cost for commanded effort past ``threshold`` (in the environment's action units) in any actuator:
+    a motor driven past its continuous rating, which it stands only in short bursts.
 
+    With ``ramp`` unset the cost is 1 whenever the largest effort exceeds the threshold. With ``ramp``
+    set it is the overload ``(effort - threshold) / ramp``, clipped to [0, 1]: zero up to the rating,
+    1 at ``threshold + ramp`` and beyond. The graded form gives a learned cost critic a slope wherever a
+    policy overloads, where the step gives it none past the threshold.
     The risk signal is the largest effort as a fraction of the threshold, clipped to [0, 1].
     """
 
     threshold: float
+    ramp: float | None = None
 
     def __call__(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: dict) -> StepCost:
         effort = float(np.max(np.abs(action)))
-        return StepCost(cost=float(effort > self.threshold), risk=float(min(effort / self.threshold, 1.0)))
+        cost = float(self.batch_cost(np.reshape(action, (1, -1)), np.reshape(next_obs, (1, -1)))[0])
+        return StepCost(cost=cost, risk=float(min(effort / self.threshold, 1.0)))
 
     def batch_cost(self, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
-        return (np.abs(action).max(axis=1) > self.threshold).astype(np.float32)
+        effort = np.abs(action).max(axis=1)
+        if self.ramp is None:
+            return (effort > self.threshold).astype(np.float32)
+        return np.clip((effort - self.threshold) / self.ramp, 0.0, 1.0).astype(np.float32)
 
 
 class SafetyWrapper(gym.Wrapper):

@@ -27,7 +27,7 @@ def pendulum_transitions(n_episodes: int = 6, length: int = 50, seed: int = 0) -
     theta = rng.uniform(-np.pi, np.pi, size=n)
     obs = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, size=n)], axis=1).astype(np.float32)
     step = np.tile(np.arange(length), n_episodes).astype(np.int32)
-    # an energy-pumping controller: push with the swing at 1.6 N m, past the 1 N m that costs
+    # an energy-pumping controller: push with the swing at 1.6 N m, 0.6 past the 1 N m where cost starts
     action = np.clip(1.6 * np.sign(obs[:, 2:3]) + rng.normal(0.0, 0.2, size=(n, 1)), -2, 2).astype(np.float32)
     next_obs = np.roll(obs, -1, axis=0)
     return Transitions(

@@ -31,8 +31,8 @@ TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episo
 ASCENT = PIDConfig(kp=0.0, ki=0.01, kd=0.0)
 
 
-def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT):
-    cfg = replace(TINY, pid=pid)
+def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT, margin=0.0):
+    cfg = replace(TINY, pid=pid, cost_margin=margin)
     algo = build_algo(read_config(tiny_cql), cfg)
     warm_start(algo, tiny_cql, budget=12.0)
     values = [algo.lagrangian.value]
@@ -58,6 +58,17 @@ def test_multiplier_rises_over_budget_and_falls_under(tiny_cql, tmp_path, pid):
     assert min(v) >= 0.0
     if pid.kp == pid.kd == 0.0:  # gradient ascent: lambda += ki * (cost / budget - 1)
         assert v[1] - v[0] == pytest.approx(0.01 * (20.0 / 12.0 - 1.0))
+
+
+def test_cost_margin_holds_the_training_episodes_below_the_budget(tiny_cql, tmp_path):
+    """Episodes at 11 against a budget of 12: under the budget, over the 0.2 margin's setpoint of 9.6."""
+    plain = _algo_with_rounds(tiny_cql, tmp_path, [11.0, 11.0], margin=0.0)
+    held = _algo_with_rounds(tiny_cql, tmp_path, [11.0, 11.0], margin=0.2)
+    assert held[2] > held[1] > held[0], held
+    assert held[1] - held[0] == pytest.approx(0.01 * (11.0 / 12.0 - 0.8))
+    assert plain[0] >= plain[1] >= plain[2], plain  # falls (or stays at 0) without the margin
+    with pytest.raises(ValueError, match="cost_margin"):
+        finetune(tiny_cql, tmp_path / "bad", config=replace(TINY, cost_margin=1.0), progress=False)
 
 
 def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
