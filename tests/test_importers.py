@@ -43,6 +43,7 @@ def test_d4rl_file_with_timeouts_drops_the_unfinished_step(tmp_path):
     np.testing.assert_allclose(t.cost, overload, atol=1e-6)  # each row its own torque
     assert set(t.random_seed.tolist()) == {3} and len(t.policy_hash[0]) == 64
     assert info.source == "d4rl:hopper.hdf5"
+    assert info.extra["cost_fn"] == repr(get_task("safe-pendulum").cost_fn)  # computed here, so recorded
 
 
 def test_d4rl_file_missing_a_key_is_named(tmp_path):

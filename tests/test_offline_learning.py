@@ -15,6 +15,7 @@ EPISODES = 20
 def test_behaviour_run_makes_the_constraint_bind(pendulum_datasets):
     """The SAC expert, trained without the constraint, exceeds the task's cost budget."""
     info = read_info(pendulum_datasets["expert"])
+    assert info.extra["cost_fn"] == "ActuatorEffortCost(threshold=1.0, ramp=1.0)"  # what labelled the cost column
     behaviour = json.loads((pendulum_datasets["expert"].parent / "behaviour" / "behaviour.json").read_text())
     assert behaviour["expert_return"] > behaviour["medium_return"] > info.ref_random_return
     from arl_models.data import read_dataset

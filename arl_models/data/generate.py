@@ -141,7 +141,7 @@ def _info(spec: TaskSpec, env_rec: dict, quality: str, random_return: float, exp
         action_low=env_rec["action_low"], action_high=env_rec["action_high"], quality=quality,
         ref_random_return=float(random_return), ref_expert_return=float(expert_return),
         cost_budget=spec.cost_budget, source="arl data generate",
-        extra={"max_episode_steps": env_rec["max_episode_steps"], **extra},
+        extra={"max_episode_steps": env_rec["max_episode_steps"], "cost_fn": repr(spec.cost_fn), **extra},
     )
 
 

@@ -39,12 +39,13 @@ def _costs(
     return batch_cost(action, next_obs)
 
 
-def _info(spec: TaskSpec, quality: str, n_source: str) -> DatasetInfo:
+def _info(spec: TaskSpec, quality: str, n_source: str, costs_computed: bool) -> DatasetInfo:
     obs_dim, act_dim, low, high, horizon = env_dims(spec)
     return DatasetInfo(
         task=spec.name, env_id=spec.env_id, env_version=spec.env_version, obs_dim=obs_dim, action_dim=act_dim,
         action_low=low.tolist(), action_high=high.tolist(), quality=quality, cost_budget=spec.cost_budget,
-        source=n_source, extra={"max_episode_steps": horizon},
+        source=n_source,
+        extra={"max_episode_steps": horizon, "cost_fn": repr(spec.cost_fn) if costs_computed else "given by the source"},
     )
 
 
@@ -109,7 +110,7 @@ def import_d4rl(
         terminated=term[sel], truncated=trunc[sel], episode_id=episode_id, step=_episode_steps(episode_id),
         **with_metadata(int(sel.sum()), env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
-    info = _info(spec, quality, f"d4rl:{Path(path).name}")
+    info = _info(spec, quality, f"d4rl:{Path(path).name}", costs_computed=cost is None)
     write_dataset(out, t, info)
     return read_info(out)
 
@@ -155,6 +156,6 @@ def import_minari(
         next_obs=cat["next_obs"], terminated=cat["term"], truncated=cat["trunc"], episode_id=cat["ep"],
         step=_episode_steps(cat["ep"]), **with_metadata(n, env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
-    info = _info(spec, quality, f"minari:{path.name}")
+    info = _info(spec, quality, f"minari:{path.name}", costs_computed=given is None)
     write_dataset(out, t, info)
     return read_info(out)

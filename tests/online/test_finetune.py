@@ -208,3 +208,23 @@ def test_preprocessing_runs_on_every_training_batch_and_the_replay_stays_raw(tin
     plain = load_file(str(tmp_path / "plain" / "train_state" / "state.safetensors"))
     critic = [k for k in state if k.startswith("critic") and "weight" in k][0]
     assert not torch.equal(plain[critic], state[critic])  # the same seeds, other weights: the updates saw the transform
+
+
+def test_finetune_refuses_data_labelled_by_another_cost(tiny_cql, pendulum_data, tmp_path):
+    """A dataset records the cost function that labelled it; fine-tuning would mix it with the env's."""
+    import shutil
+
+    from arl_models.envs.registry import get_task
+
+    stale = tmp_path / "stale"
+    shutil.copytree(pendulum_data, stale)
+    sidecar = stale / "dataset.json"
+    meta = json.loads(sidecar.read_text())
+    meta["extra"]["cost_fn"] = "ActuatorEffortCost(threshold=1.0, ramp=None)"
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"stale: its cost column was computed by ActuatorEffortCost\(threshold=1.0, ramp=None\)"):
+        finetune(tiny_cql, tmp_path / "ft", data=stale, config=TINY, progress=False)
+    assert not (tmp_path / "ft" / "train_state").exists()
+    meta["extra"]["cost_fn"] = repr(get_task("safe-pendulum").cost_fn)  # the task's own: accepted
+    sidecar.write_text(json.dumps(meta))
+    finetune(tiny_cql, tmp_path / "ok", data=stale, config=TINY, progress=False, stop_after_rounds=1)
