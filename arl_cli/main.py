@@ -88,6 +88,23 @@ def data_import(
     typer.echo(f"wrote {out}: {info.num_transitions} transitions in {info.num_episodes} episodes")
 
 
+@data_app.command("relabel")
+def data_relabel(
+    source: Annotated[Path, typer.Argument(help="A dataset directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")],
+) -> None:
+    """Recompute a dataset's cost column with its task's current cost function (for data labelled
+    before the task's cost changed); rows and version metadata are kept."""
+    from arl_models.data.dataset import DatasetError
+    from arl_models.data.importers import relabel_costs
+
+    try:
+        info = relabel_costs(source, out)
+    except (DatasetError, KeyError, OSError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {out}: costs by {info.extra['cost_fn']} (were: {info.extra['relabelled_from']})")
+
+
 @data_app.command("info")
 def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Show a dataset's sidecar and episode statistics (after checking its schema)."""

@@ -312,8 +312,8 @@ def _env_record(record: dict[str, Any], spec: TaskSpec, budget: float, data: str
     if labelled not in (None, "given by the source", repr(spec.cost_fn)) and info.task == spec.name:
         raise ValueError(
             f"{data}: its cost column was computed by {labelled}, but {spec.key} now costs {spec.cost_fn!r}; "
-            "fine-tuning would teach one cost critic both. Regenerate the dataset (arl data generate) or "
-            "fine-tune on data labelled by the task's cost."
+            "fine-tuning would teach one cost critic both. Recompute its costs (arl data relabel) or "
+            "regenerate it (arl data generate)."
         )
     if info.env_version == spec.env_version:
         env |= {"ref_random_return": info.ref_random_return, "ref_expert_return": info.ref_expert_return}

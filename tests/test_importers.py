@@ -1,11 +1,11 @@
-"""Importers: a D4RL-style HDF5 file and a Minari dataset directory, written here with h5py."""
+"""Importers: a D4RL-style HDF5 file and a Minari dataset directory, written here with h5py; relabelling."""
 
 import h5py
 import numpy as np
 import pytest
 
 from arl_models.data import DatasetError, read_dataset
-from arl_models.data.importers import import_d4rl, import_minari
+from arl_models.data.importers import import_d4rl, import_minari, relabel_costs
 from arl_models.envs import get_task
 
 
@@ -88,3 +88,21 @@ def test_minari_directory(tmp_path):
 def test_minari_not_a_dataset(tmp_path):
     with pytest.raises(DatasetError, match="not a Minari dataset directory"):
         import_minari(tmp_path, "safe-pendulum", tmp_path / "out")
+
+
+def test_relabel_recomputes_costs_and_keeps_everything_else(tiny_dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from arl_cli.main import app
+
+    old, info = read_dataset(tiny_dataset)
+    new_info = relabel_costs(tiny_dataset, tmp_path / "relabelled")
+    t, _ = read_dataset(tmp_path / "relabelled")
+    np.testing.assert_allclose(t.cost, np.clip(np.abs(t.action[:, 0]) - 1.0, 0.0, 1.0), atol=1e-6)
+    assert not np.allclose(t.cost, old.cost)  # the fixture's costs are random draws, not the task's
+    for name in ("obs", "action", "reward", "next_obs", "episode_id", "step", "policy_hash", "timestamp"):
+        np.testing.assert_array_equal(getattr(t, name), getattr(old, name))
+    assert new_info.extra["cost_fn"] == repr(get_task("safe-pendulum").cost_fn)
+    assert new_info.extra["relabelled_from"] == "unrecorded" and new_info.num_transitions == info.num_transitions
+    res = CliRunner().invoke(app, ["data", "relabel", str(tiny_dataset), "--out", str(tmp_path / "cli")])
+    assert res.exit_code == 0 and "costs by ActuatorEffortCost" in res.output, res.output

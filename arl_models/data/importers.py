@@ -1,4 +1,5 @@
-"""Importers for data users already have: Minari dataset directories and D4RL-style HDF5 files.
+"""Importers for data users already have: Minari dataset directories and D4RL-style HDF5 files, and
+:func:`relabel_costs` for a dataset of the project's own whose cost column predates its task's cost.
 
 Both produce the project's format (:mod:`arl_models.data.dataset`). Where the source has no cost
 signal, the task's cost function computes it from the observations (vectorised). Imported rows get
@@ -10,6 +11,7 @@ SHA-256 of the actions (an identifier of the unknown behaviour policy's data); `
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -19,6 +21,7 @@ from arl_models.data.dataset import (
     DatasetError,
     DatasetInfo,
     Transitions,
+    read_dataset,
     read_info,
     with_metadata,
     write_dataset,
@@ -158,4 +161,20 @@ def import_minari(
     )
     info = _info(spec, quality, f"minari:{path.name}", costs_computed=given is None)
     write_dataset(out, t, info)
+    return read_info(out)
+
+
+def relabel_costs(src: str | Path, out: str | Path) -> DatasetInfo:
+    """Write ``src`` to ``out`` with its cost column recomputed by its task's current cost function.
+
+    Everything else (rows, version metadata, timestamps) is kept; ``extra.cost_fn`` records the new
+    labelling and ``extra.relabelled_from`` the old one. ``out`` is written atomically.
+    """
+    t, info = read_dataset(src)
+    spec = get_task(info.task, info.env_version)
+    if getattr(spec.cost_fn, "batch_cost", None) is None:
+        raise DatasetError(f"{src}: task {spec.key} cannot compute costs from stored transitions")
+    old = info.extra.get("cost_fn", "unrecorded")
+    extra = info.extra | {"cost_fn": repr(spec.cost_fn), "relabelled_from": old}
+    write_dataset(out, replace(t, cost=_costs(spec, t.action, t.next_obs, None, str(src))), replace(info, extra=extra))
     return read_info(out)
