@@ -112,12 +112,20 @@ def train_bc(
 
 
 def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
-    """The episode budget as a limit on the discounted cost value ``Q_c`` of an average state:
-    budget / T per step, over 1/(1-gamma)."""
+    """The episode cost budget as a limit on the discounted cost value ``Q_c(s0, pi(s0))`` of an
+    episode's start: the budget spread evenly over the episode's ``T`` steps, discounted,
+    ``budget / T * (1 - gamma^T) / (1 - gamma)``.
+
+    ``Q_c`` is discounted and the budget is not, so holding ``Q_c(s0)`` to the budget itself admits
+    about ``T (1 - gamma)`` budgets an episode when the cost is spread (safe-hopper: 1,000 steps at
+    gamma 0.99, a limit of 2.5 for a budget of 25, not 25). ``T`` is the dataset's recorded episode
+    length (``max_episode_steps``), else 1,000. Without episode starts the same value bounds ``Q_c``
+    of the batch's states, whose remaining horizons are shorter.
+    """
     if info.cost_budget is None:
         return None
     t = horizon or int(info.extra.get("max_episode_steps", 1000))
-    return info.cost_budget / t / (1.0 - gamma)
+    return info.cost_budget / t * (1.0 - gamma**t) / (1.0 - gamma)
 
 
 def train_cql(
@@ -138,7 +146,7 @@ def train_cql(
     starts = t.obs[t.step == 0]
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
-        cfg = replace(cfg, cost_q_limit=info.cost_budget if len(starts) else cql_cost_limit(info, cfg.gamma))
+        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma))
     algo = CQL(info.obs_dim, info.action_dim, cfg)
     if constrained and len(starts):
         algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)

@@ -1,0 +1,34 @@
+"""The offline constraint's limit: the undiscounted episode budget as a discounted value at the start."""
+
+import numpy as np
+import pytest
+
+from arl_models.checkpoint import read_config
+from arl_models.data import read_info
+from arl_models.offline import cql_cost_limit, train_cql
+from tests.conftest import pendulum_info
+
+
+@pytest.mark.parametrize("horizon", [1, 200, 1000])
+def test_limit_is_the_discounted_value_of_the_budget_spread_over_the_episode(horizon):
+    info = pendulum_info()
+    per_step = info.cost_budget / horizon
+    discounted = sum(per_step * 0.99**t for t in range(horizon))
+    assert cql_cost_limit(info, 0.99, horizon) == pytest.approx(discounted)
+
+
+def test_the_budget_is_not_the_limit_of_a_discounted_value():
+    info = pendulum_info()  # budget 12, 200-step episodes
+    assert cql_cost_limit(info, 0.99) == pytest.approx(12.0 / 200 * (1 - 0.99**200) / 0.01)
+    assert cql_cost_limit(info, 0.99) < 0.5 * info.cost_budget
+    assert cql_cost_limit(info, 0.99, 1000) == pytest.approx(0.1 * info.cost_budget, rel=1e-3)  # hopper's horizon
+    assert cql_cost_limit(info, 0.0) == pytest.approx(info.cost_budget / 200)  # undiscounted: one step's share
+
+
+def test_constrained_cql_holds_the_episode_starts_to_that_limit(tiny_dataset, tmp_path):
+    train_cql(tiny_dataset, tmp_path / "cql", steps=2, progress=False, eval_episodes=0)
+    cfg = read_config(tmp_path / "cql")["config"]
+    expected = cql_cost_limit(read_info(tiny_dataset), cfg["gamma"])
+    assert np.isclose(cfg["cost_q_limit"], expected)
+    train_cql(tiny_dataset, tmp_path / "free", steps=2, progress=False, eval_episodes=0, constrained=False)
+    assert read_config(tmp_path / "free")["config"]["cost_q_limit"] is None
