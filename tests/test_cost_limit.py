@@ -1,12 +1,16 @@
-"""The offline constraint's limit: the undiscounted episode budget as a discounted value at the start."""
+"""The offline constraint: the undiscounted episode budget as a limit on the discounted ``Q_c(s, pi(s))``
+of the batch's states, and the multiplier that holds it."""
 
 import numpy as np
 import pytest
 
+from arl_models.algos.sac import SAC, SACConfig
 from arl_models.checkpoint import read_config
 from arl_models.data import read_info
 from arl_models.offline import cql_cost_limit, train_cql
-from tests.conftest import pendulum_info
+from arl_models.lagrange import PIDConfig
+from arl_models.replay import ActionScaler, ReplayBuffer
+from tests.conftest import make_transitions, pendulum_info
 
 
 @pytest.mark.parametrize("horizon", [1, 200, 1000])
@@ -25,10 +29,20 @@ def test_the_budget_is_not_the_limit_of_a_discounted_value():
     assert cql_cost_limit(info, 0.0) == pytest.approx(info.cost_budget / 200)  # undiscounted: one step's share
 
 
-def test_constrained_cql_holds_the_episode_starts_to_that_limit(tiny_dataset, tmp_path):
+def test_constrained_cql_is_held_to_that_limit(tiny_dataset, tmp_path):
     train_cql(tiny_dataset, tmp_path / "cql", steps=2, progress=False, eval_episodes=0)
     cfg = read_config(tmp_path / "cql")["config"]
     expected = cql_cost_limit(read_info(tiny_dataset), cfg["gamma"])
     assert np.isclose(cfg["cost_q_limit"], expected)
     train_cql(tiny_dataset, tmp_path / "free", steps=2, progress=False, eval_episodes=0, constrained=False)
     assert read_config(tmp_path / "free")["config"]["cost_q_limit"] is None
+
+
+@pytest.mark.parametrize(("limit", "rises"), [(-1.0, True), (1e6, False)])
+def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, rises):
+    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    buf = ReplayBuffer.from_transitions(make_transitions(), scaler)
+    algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32, cost_q_limit=limit, pid=PIDConfig(kp=0.0, ki=0.1)))
+    for _ in range(5):
+        m = algo.update(buf.sample(32))
+    assert (m["lagrange_multiplier"] > 0.0) == rises, m

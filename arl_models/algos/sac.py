@@ -80,7 +80,6 @@ class SAC:
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
             self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
         self.lagrangian = PIDLagrangian(cfg.pid)
-        self.constraint_obs: torch.Tensor | None = None
         self.td_error: torch.Tensor | None = None
         """Per-sample ``|TD error|`` of the last update's reward critics, mean over the ensemble ``(B,)``."""
         self.step = 0
@@ -143,17 +142,6 @@ class SAC:
                 loss = loss + self.lagrangian.value * qc
         return loss.mean(), logp, qc
 
-    def constrained_cost_value(self, qc_batch: torch.Tensor) -> float:
-        """The quantity held to ``cost_q_limit``: ``Q_c(s0, pi(s0))`` over ``constraint_obs`` (the
-        dataset's episode starts: the expected discounted episode cost) when set, else the batch mean."""
-        if self.constraint_obs is None:
-            return qc_batch.mean().item()
-        assert self.cost_critic is not None
-        idx = torch.randint(0, self.constraint_obs.shape[0], (min(256, self.constraint_obs.shape[0]),))
-        s0 = self.constraint_obs.index_select(0, idx)
-        with torch.no_grad():
-            return self.cost_critic(s0, self.actor.sample(s0)[0]).mean().item()
-
     def update(self, batch: Batch, weights: torch.Tensor | None = None) -> dict[str, float]:
         """One gradient step of every part; returns its metrics.
 
@@ -184,7 +172,7 @@ class SAC:
             self.cost_opt.step()
             metrics |= {"loss_cost_critic": cost_loss.item(), "qc_policy": qc.mean().item() if qc is not None else 0.0}
             if self.cfg.cost_q_limit is not None and qc is not None:
-                measured = self.constrained_cost_value(qc)
+                measured = qc.mean().item()  # Q_c(s, pi(s)) over the batch's states
                 self.lagrangian.update(measured, self.cfg.cost_q_limit)
                 metrics |= {"lagrange_multiplier": self.lagrangian.value, "qc_constrained": measured}
             soft_update(self.cost_critic_target, self.cost_critic, self.cfg.tau)
