@@ -7,8 +7,8 @@ import pytest
 from arl_models.algos.sac import SAC, SACConfig
 from arl_models.checkpoint import read_config
 from arl_models.data import read_info
-from arl_models.offline import cql_cost_limit, train_cql
 from arl_models.lagrange import PIDConfig
+from arl_models.offline import cql_cost_limit, train_cql
 from arl_models.replay import ActionScaler, ReplayBuffer
 from tests.conftest import make_transitions, pendulum_info
 
@@ -46,3 +46,19 @@ def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, 
     for _ in range(5):
         m = algo.update(buf.sample(32))
     assert (m["lagrange_multiplier"] > 0.0) == rises, m
+
+
+def test_the_cost_critic_target_is_floored_at_zero():
+    """Costs are >= 0, so a bootstrapped cost value below 0 is clipped: the target is the cost itself."""
+    import torch
+
+    from arl_models.algos.sac import td_loss
+
+    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    batch = ReplayBuffer.from_transitions(make_transitions(), scaler).sample(32)
+    algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32))
+    algo.cost_critic_target = lambda obs, act: torch.full((2, obs.shape[0]), -100.0)
+    loss = algo.cost_critic_loss(batch, batch.act)
+    with torch.no_grad():
+        expected = td_loss(algo.cost_critic(batch.obs, batch.act), batch.cost)
+    assert torch.allclose(loss, expected)

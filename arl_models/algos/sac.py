@@ -124,7 +124,10 @@ class SAC:
     def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         assert self.cost_critic is not None
         with torch.no_grad():
-            qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values
+            # A cost is a non-negative penalty, so is its value. Without the floor an actor that
+            # minimises Q_c drags the bootstrapped values below zero, and the starts' values furthest
+            # (Hopper, constraint on the batch: Q_c(s0) -175 while every cost is >= 0).
+            qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values.clamp(min=0.0)
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)
 

@@ -25,7 +25,8 @@ class StepCost(NamedTuple):
 
 
 CostFn = Callable[[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]], StepCost]
-"""``cost_fn(obs, action, next_obs, info) -> StepCost`` for one (unbatched) step."""
+"""``cost_fn(obs, action, next_obs, info) -> StepCost`` for one (unbatched) step; the cost is >= 0
+(a penalty: the cost critics floor their values at 0)."""
 
 
 @dataclass(frozen=True)
