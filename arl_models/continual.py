@@ -35,7 +35,7 @@ from arl_models.checkpoint import (
     load_train_state,
     read_config,
 )
-from arl_models.data.dataset import DatasetInfo, read_dataset
+from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import evaluate
 from arl_models.metrics import MetricSink
@@ -76,15 +76,18 @@ def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int) -> float:
     return info.normalized_score(res.mean_return)
 
 
-def _load_algo(from_dir: Path, info: DatasetInfo) -> CalQL:
+def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     """A CQL-family algorithm holding ``from_dir``'s weights, configured for offline training on ``info``;
-    a constrained start stays constrained, held to the new data's limit as ``train_cql`` does."""
+    a constrained start stays constrained, held on the new data's episode starts as ``train_cql`` does."""
     rec = read_config(from_dir)
     cfg = config_from_dict(CalQLConfig, rec["config"])
     constrained = (cfg.cost_q_limit is not None or cfg.external_multiplier) and info.cost_budget is not None
+    starts = t.obs[t.step == 0]
     limit = cql_cost_limit(info, cfg.gamma) if constrained else None
     cfg = replace(cfg, conservative="cql", external_multiplier=False, cost_q_limit=limit)
     algo = CalQL(info.obs_dim, info.action_dim, cfg)
+    if constrained and len(starts):
+        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
     load_train_state(from_dir, algo)
     algo.step = 0
     return algo
@@ -117,7 +120,7 @@ def _train_branch(
     """Offline CQL on the new data (with or without EWC), then optionally online fine-tuning; returns the
     final checkpoint directory."""
     t, info = read_dataset(data)
-    algo = _load_algo(from_dir, info)
+    algo = _load_algo(from_dir, t, info)
     offline_out = out / "offline" if cfg.online_steps > 0 else out
     offline_out.mkdir(parents=True, exist_ok=True)
     penalty = None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL, CQLConfig
@@ -111,14 +112,15 @@ def train_bc(
 
 
 def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
-    """The episode cost budget as a limit on the discounted cost value ``Q_c(s, pi(s))``: the budget
-    spread evenly over the episode's ``T`` steps and discounted, ``budget / T * (1 - gamma^T) / (1 - gamma)``
-    (OSRL's ``qc_thres``, Liu et al. 2023).
+    """The episode cost budget as a limit on the discounted cost value ``Q_c(s0, pi(s0))`` of an
+    episode's start: the budget spread evenly over the episode's ``T`` steps, discounted,
+    ``budget / T * (1 - gamma^T) / (1 - gamma)`` (the threshold of OSRL's Lagrangian baselines).
 
-    ``Q_c`` is discounted and the budget is not, so holding ``Q_c`` to the budget itself admits about
-    ``T (1 - gamma)`` budgets an episode when the cost is spread (safe-hopper: 1,000 steps at gamma 0.99
-    give a limit of 2.5 for a budget of 25). ``T`` is the dataset's recorded episode length
-    (``max_episode_steps``), else 1,000.
+    ``Q_c`` is discounted and the budget is not, so holding ``Q_c(s0)`` to the budget itself admits
+    about ``T (1 - gamma)`` budgets an episode when the cost is spread (safe-hopper: 1,000 steps at
+    gamma 0.99, a limit of 2.5 for a budget of 25, not 25). ``T`` is the dataset's recorded episode
+    length (``max_episode_steps``), else 1,000. Without episode starts the same value bounds ``Q_c``
+    of the batch's states, whose remaining horizons are shorter.
     """
     if info.cost_budget is None:
         return None
@@ -141,9 +143,13 @@ def train_cql(
     p = get_preset(preset)
     t, info = read_dataset(data)
     cfg = replace(config or p.cql, seed=seed)
+    starts = t.obs[t.step == 0]
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
+        # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
         cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma))
     algo = CQL(info.obs_dim, info.action_dim, cfg)
+    if constrained and len(starts):
+        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
     extra: dict[str, Any] = {}
     if init_actor is not None:
         from safetensors.torch import load_file

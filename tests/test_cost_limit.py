@@ -1,5 +1,5 @@
-"""The offline constraint: the undiscounted episode budget as a limit on the discounted ``Q_c(s, pi(s))``
-of the batch's states, and the multiplier that holds it."""
+"""The offline constraint: the undiscounted episode budget as a limit on the discounted ``Q_c``, the
+multiplier that holds it, and the cost critic's floor."""
 
 import numpy as np
 import pytest

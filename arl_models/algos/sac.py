@@ -80,6 +80,7 @@ class SAC:
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
             self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
         self.lagrangian = PIDLagrangian(cfg.pid)
+        self.constraint_obs: torch.Tensor | None = None
         self.td_error: torch.Tensor | None = None
         """Per-sample ``|TD error|`` of the last update's reward critics, mean over the ensemble ``(B,)``."""
         self.step = 0
@@ -126,7 +127,7 @@ class SAC:
         with torch.no_grad():
             # A cost is a non-negative penalty, so is its value. Without the floor an actor that
             # minimises Q_c drags the bootstrapped values below zero, and the starts' values furthest
-            # (Hopper, constraint on the batch: Q_c(s0) -175 while every cost is >= 0).
+            # (Hopper, offline, Q_c held on the batch's states: Q_c(s0) -175 while every cost is >= 0).
             qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values.clamp(min=0.0)
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)
@@ -144,6 +145,17 @@ class SAC:
             if self.cfg.cost_q_limit is not None:
                 loss = loss + self.lagrangian.value * qc
         return loss.mean(), logp, qc
+
+    def constrained_cost_value(self, qc_batch: torch.Tensor) -> float:
+        """The quantity held to ``cost_q_limit``: ``Q_c(s0, pi(s0))`` over ``constraint_obs`` (the
+        dataset's episode starts: the expected discounted episode cost) when set, else the batch mean."""
+        if self.constraint_obs is None:
+            return qc_batch.mean().item()
+        assert self.cost_critic is not None
+        idx = torch.randint(0, self.constraint_obs.shape[0], (min(256, self.constraint_obs.shape[0]),))
+        s0 = self.constraint_obs.index_select(0, idx)
+        with torch.no_grad():
+            return self.cost_critic(s0, self.actor.sample(s0)[0]).mean().item()
 
     def update(self, batch: Batch, weights: torch.Tensor | None = None) -> dict[str, float]:
         """One gradient step of every part; returns its metrics.
@@ -175,7 +187,7 @@ class SAC:
             self.cost_opt.step()
             metrics |= {"loss_cost_critic": cost_loss.item(), "qc_policy": qc.mean().item() if qc is not None else 0.0}
             if self.cfg.cost_q_limit is not None and qc is not None:
-                measured = qc.mean().item()  # Q_c(s, pi(s)) over the batch's states
+                measured = self.constrained_cost_value(qc)
                 self.lagrangian.update(measured, self.cfg.cost_q_limit)
                 metrics |= {"lagrange_multiplier": self.lagrangian.value, "qc_constrained": measured}
             soft_update(self.cost_critic_target, self.cost_critic, self.cfg.tau)
