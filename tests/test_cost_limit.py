@@ -3,14 +3,20 @@ multiplier that holds it, and the cost critic's floor."""
 
 import numpy as np
 import pytest
+import torch
 
-from arl_models.algos.sac import SAC, SACConfig
+from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.checkpoint import read_config
 from arl_models.data import read_info
 from arl_models.lagrange import PIDConfig
 from arl_models.offline import cql_cost_limit, train_cql
 from arl_models.replay import ActionScaler, ReplayBuffer
 from tests.conftest import make_transitions, pendulum_info
+
+
+def _buffer() -> ReplayBuffer:
+    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    return ReplayBuffer.from_transitions(make_transitions(), scaler)
 
 
 @pytest.mark.parametrize("horizon", [1, 200, 1000])
@@ -40,8 +46,7 @@ def test_constrained_cql_is_held_to_that_limit(tiny_dataset, tmp_path):
 
 @pytest.mark.parametrize(("limit", "rises"), [(-1.0, True), (1e6, False)])
 def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, rises):
-    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
-    buf = ReplayBuffer.from_transitions(make_transitions(), scaler)
+    buf = _buffer()
     algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32, cost_q_limit=limit, pid=PIDConfig(kp=0.0, ki=0.1)))
     for _ in range(5):
         m = algo.update(buf.sample(32))
@@ -50,12 +55,7 @@ def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, 
 
 def test_the_cost_critic_target_is_floored_at_zero():
     """Costs are >= 0, so a bootstrapped cost value below 0 is clipped: the target is the cost itself."""
-    import torch
-
-    from arl_models.algos.sac import td_loss
-
-    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
-    batch = ReplayBuffer.from_transitions(make_transitions(), scaler).sample(32)
+    batch = _buffer().sample(32)
     algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32))
     algo.cost_critic_target = lambda obs, act: torch.full((2, obs.shape[0]), -100.0)
     loss = algo.cost_critic_loss(batch, batch.act)

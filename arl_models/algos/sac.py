@@ -126,8 +126,8 @@ class SAC:
         assert self.cost_critic is not None
         with torch.no_grad():
             # A cost is a non-negative penalty, so is its value. Without the floor an actor that
-            # minimises Q_c drags the bootstrapped values below zero, and the starts' values furthest
-            # (Hopper, offline, Q_c held on the batch's states: Q_c(s0) -175 while every cost is >= 0).
+            # minimises Q_c can drag the bootstrapped values below zero, the starts' furthest (measured
+            # on Hopper offline: Q_c(s0) -175 while every cost is 0 or 1; benchmarks/README.md).
             qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values.clamp(min=0.0)
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)
