@@ -208,7 +208,7 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
     if cfg.constrained and not base.learn_cost:
         raise ValueError("constrained fine-tuning needs a checkpoint with a cost critic (learn_cost)")
     algo_cfg = replace(
-        base, seed=cfg.seed, conservative=cfg.conservative, cost_q_limit=None, pid=cfg.pid,
+        base, seed=cfg.seed, conservative=cfg.conservative, cost_q_limit=None, pid=cfg.pid, actor_warmup_steps=0,
         backup_entropy=True,  # online it is SAC: the soft (entropy-regularised) TD target
         external_multiplier=cfg.constrained, batch_size=cfg.batch_size or base.batch_size,
         conservative_weight=base.conservative_weight if cfg.conservative_weight is None else cfg.conservative_weight,

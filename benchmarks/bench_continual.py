@@ -24,9 +24,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="safe-pendulum")
     p.add_argument("--data", type=Path, nargs=3, required=True, help="datasets of three versions, oldest first")
+    p.add_argument("--bc-steps", type=int, default=0,
+                   help="behaviour-cloning steps on version 0 whose actor starts CQL, as the pipeline does (0: CQL from scratch)")
     p.add_argument("--cql-steps", type=int, default=3000, help="CQL steps on version 0")
     p.add_argument("--steps", type=int, default=2000, help="offline steps per new version")
     p.add_argument("--n-action-samples", type=int, default=4)
+    p.add_argument("--actor-lr", type=float, default=3e-4, help="actor and temperature learning rate")
+    p.add_argument("--actor-warmup", type=int, default=0,
+                   help="steps of each stage in which the actor imitates the data while the critics learn")
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     p.add_argument("--ewc-weight", type=float, default=100.0)
     p.add_argument("--decay", type=float, default=0.9)
@@ -42,17 +47,24 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    from arl_models.algos.bc import BCConfig
     from arl_models.algos.cql import CQLConfig
     from arl_models.algos.ewc import EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
-    from arl_models.offline import train_cql
+    from arl_models.offline import train_bc, train_cql
 
     t0 = time.perf_counter()
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
-    cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=3e-4, temp_lr=3e-4)
+    cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr, temp_lr=a.actor_lr,
+                    actor_warmup_steps=a.actor_warmup)
+    bc = None
+    if a.bc_steps > 0:
+        bc = a.workdir / "v0-bc"
+        train_bc(a.data[0], bc, steps=a.bc_steps, seed=a.seed, config=BCConfig(hidden=tuple(a.hidden)), progress=False,
+                 eval_episodes=0)
     train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
-              constrained=not a.no_constraint)
+              init_actor=bc, constrained=not a.no_constraint)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed),
                           online_steps=a.online_steps, eval_episodes=a.eval_episodes)
     ewc_from, naive_from, steps = start, start, []

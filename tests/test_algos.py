@@ -157,3 +157,25 @@ def test_bf16_critic_pass_tracks_float32():
         assert q_data.dtype == torch.float32 and torch.isfinite(losses.td + losses.conservative)
         outs.append(q_data)
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.02)
+
+
+def test_cql_actor_warmup_imitates_the_data_then_follows_the_critic():
+    algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, actor_warmup_steps=2))
+    batch = _buffer().sample(32)
+
+    def loss_at(step, critic_scale):
+        algo.step = step
+        with torch.no_grad():
+            for p in algo.critic.parameters():
+                p.mul_(critic_scale)
+        torch.manual_seed(0)
+        return algo.actor_loss(batch.obs, batch.act)[0].item()
+
+    # in the warm-up the loss is the data's log-likelihood, whatever the critic says
+    torch.manual_seed(0)
+    _, logp = algo.actor.sample(batch.obs)
+    expected = (algo.temperature * logp - algo.actor.log_prob(batch.obs, batch.act)).mean().item()
+    assert loss_at(1, 1.0) == pytest.approx(expected)
+    assert loss_at(1, 3.0) == pytest.approx(expected)
+    # afterwards the critic drives it
+    assert loss_at(2, 1.0) != pytest.approx(loss_at(2, 3.0))

@@ -118,8 +118,10 @@ class CalQL(CQL):
         reg = self._reg("cost_critic", self.cost_critic)
         return loss if reg is None else loss + reg
 
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        loss, logp, qc = super().actor_loss(obs)
+    def actor_loss(
+        self, obs: torch.Tensor, data_act: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        loss, logp, qc = super().actor_loss(obs, data_act)
         if self.cfg.external_multiplier and qc is not None:
             lam = self.lagrangian.value
             loss = (loss + lam * qc.mean()) / (1.0 + lam)

@@ -41,6 +41,11 @@ class CQLConfig(SACConfig):
     init_alpha: float = 1.0
     backup_entropy: bool = False
     """Subtract the entropy term in the TD target as SAC does; CQL (the paper, d3rlpy, CORL) does not."""
+    actor_warmup_steps: int = 0
+    """For this many steps of a run (each continual stage restarts the count) the actor imitates the
+    batch's actions, ``temperature * log pi(a|s) - log pi(a_data|s)``, while the critics learn; then it
+    follows the critic. A fresh or shifted critic otherwise pulls a BC-initialised actor off the data at
+    once (the ``policy_eval_start`` of Kumar et al.'s code). The cost multiplier waits for it too."""
     critic_precision: str = "float32"
     """``bfloat16`` runs the fused critic pass (all ``1 + 3N`` action sets) under bf16 autocast with
     float32 weights and losses: about 2.6x faster on CPUs with AVX512-BF16, at bf16's 8-bit mantissa."""
@@ -97,6 +102,14 @@ class CQL(SAC):
         shared = {k: v for k, v in actor_state.items() if k in own and own[k].shape == v.shape}
         self.actor.load_state_dict(shared, strict=False)
         return sorted(shared)
+
+    def actor_loss(
+        self, obs: torch.Tensor, data_act: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if data_act is None or self.step >= self.cfg.actor_warmup_steps:
+            return super().actor_loss(obs, data_act)
+        _, logp = self.actor.sample(obs)
+        return (self.temperature * logp - self.actor.log_prob(obs, data_act)).mean(), logp, None
 
     def sample_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``N`` uniform, ``N`` pi(s) and ``N`` pi(s') actions per state, with their log-densities.

@@ -132,8 +132,11 @@ class SAC:
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)
 
-    def actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``(loss, log_prob, Q_c(s, pi(s)))``; critics are frozen so only the actor gets gradients."""
+    def actor_loss(
+        self, obs: torch.Tensor, data_act: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(loss, log_prob, Q_c(s, pi(s)))``; critics are frozen so only the actor gets gradients.
+        ``data_act``, the batch's own actions, is for subclasses that imitate them (CQL's warm-up)."""
         act, logp = self.actor.sample(obs)
         with _frozen(self.critic):
             q = self.critic(obs, act).min(0).values
@@ -170,7 +173,7 @@ class SAC:
         critic_loss.backward()
         self.critic_opt.step()
 
-        actor_loss, logp, qc = self.actor_loss(batch.obs)
+        actor_loss, logp, qc = self.actor_loss(batch.obs, batch.act)
         self.actor_opt.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_opt.step()
