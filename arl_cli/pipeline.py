@@ -72,7 +72,9 @@ def run_cmd(
         typer.Option(help="EWC steps when the champion learned other data versions (preset default; 0 skips)."),
     ] = None,
     eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
-    gate_episodes: Annotated[int, typer.Option(help="Episodes of the final evaluation.")] = 10,
+    gate_episodes: Annotated[
+        int, typer.Option(help="Episodes of the final evaluation (fewer starts decide a mean cost: see GateConfig).")
+    ] = 50,
     cost_budget: Annotated[
         float | None, typer.Option(help="Gate's cost budget (default: the task's).")
     ] = None,
