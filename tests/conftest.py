@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, write_dataset
+from arl_models.replay import ActionScaler, ReplayBuffer
 
 
 def make_transitions(n_episodes: int = 4, length: int = 50, obs_dim: int = 3, act_dim: int = 1, seed: int = 0) -> Transitions:
@@ -27,6 +28,12 @@ def make_transitions(n_episodes: int = 4, length: int = 50, obs_dim: int = 3, ac
         step=step,
         **with_metadata(n, env_version="1.0.0", policy_hash="ab" * 32, random_seed=7),
     )
+
+
+def make_buffer() -> ReplayBuffer:
+    """:func:`make_transitions` in a replay buffer, actions scaled from Pendulum's [-2, 2]."""
+    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    return ReplayBuffer.from_transitions(make_transitions(), scaler)
 
 
 def pendulum_info(**kw) -> DatasetInfo:

@@ -11,15 +11,9 @@ from arl_models.algos.bc import BC, BCConfig, compute_bc_loss
 from arl_models.algos.cql import CQL, CQLConfig, conservative_gap
 from arl_models.algos.sac import SAC, SACConfig
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
-from arl_models.replay import ActionScaler, ReplayBuffer
-from tests.conftest import make_transitions
+from tests.conftest import make_buffer
 
 SMALL = dict(hidden=(16, 16), batch_size=32)
-
-
-def _buffer():
-    t = make_transitions()
-    return ReplayBuffer.from_transitions(t, ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32)))
 
 
 def _algos():
@@ -34,7 +28,7 @@ def _algos():
 
 @pytest.mark.parametrize("algo", _algos(), ids=lambda a: f"{a.name}")
 def test_update_is_finite_and_moves_every_trained_parameter(algo):
-    buf = _buffer()
+    buf = make_buffer()
     before = {f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()}
     for _ in range(3):
         metrics = algo.update(buf.sample(32))
@@ -48,7 +42,7 @@ def test_update_is_finite_and_moves_every_trained_parameter(algo):
 
 def test_actor_loss_leaves_critic_gradients_at_zero():
     algo = SAC(3, 1, SACConfig(**SMALL))
-    batch = _buffer().sample(32)
+    batch = make_buffer().sample(32)
     for p in algo.critic.parameters():
         p.grad = None
     loss, _, _ = algo.actor_loss(batch.obs)
@@ -59,7 +53,7 @@ def test_actor_loss_leaves_critic_gradients_at_zero():
 
 def test_critic_loss_leaves_actor_gradients_at_zero():
     algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4))
-    batch = _buffer().sample(32)
+    batch = make_buffer().sample(32)
     with torch.no_grad():
         na, nl = algo.actor.sample(batch.next_obs)
     loss, _ = algo.critic_loss(batch, na, nl)
@@ -70,7 +64,7 @@ def test_critic_loss_leaves_actor_gradients_at_zero():
 
 def test_update_does_not_mutate_the_batch():
     algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4))
-    batch = _buffer().sample(32)
+    batch = make_buffer().sample(32)
     snapshot = copy.deepcopy(batch)
     algo.update(batch)
     for k in snapshot.__dict__:
@@ -80,7 +74,7 @@ def test_update_does_not_mutate_the_batch():
 def test_same_seed_same_parameters():
     def run():
         algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, seed=3))
-        buf = _buffer()
+        buf = make_buffer()
         for _ in range(5):
             algo.update(buf.sample(32))
         return algo.actor.state_dict()
@@ -135,7 +129,7 @@ def test_cql_warm_start_copies_bc_actor():
 
 def test_lagrangian_conservative_weight_rises_when_gap_exceeds_threshold():
     algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, lagrangian_threshold=-100.0, alpha_lr=0.1))
-    buf = _buffer()
+    buf = make_buffer()
     w0 = algo.conservative_weight()
     for _ in range(5):
         algo.update(buf.sample(32))
@@ -145,7 +139,7 @@ def test_lagrangian_conservative_weight_rises_when_gap_exceeds_threshold():
 def test_bf16_critic_pass_tracks_float32():
     """The opt-in bf16 critic pass gives finite losses and Q values close to the float32 ones."""
     cfgs = [CQLConfig(**SMALL, n_action_samples=4, seed=1, critic_precision=p) for p in ("float32", "bfloat16")]
-    buf = _buffer()
+    buf = make_buffer()
     torch.manual_seed(0)
     batch = buf.sample(32)
     outs = []
@@ -161,7 +155,7 @@ def test_bf16_critic_pass_tracks_float32():
 
 def test_cql_actor_warmup_imitates_the_data_then_follows_the_critic():
     algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, actor_warmup_steps=2))
-    batch = _buffer().sample(32)
+    batch = make_buffer().sample(32)
 
     def loss_at(step, critic_scale):
         algo.step = step

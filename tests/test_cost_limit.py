@@ -10,13 +10,7 @@ from arl_models.checkpoint import read_config
 from arl_models.data import read_info
 from arl_models.lagrange import PIDConfig
 from arl_models.offline import cql_cost_limit, train_cql
-from arl_models.replay import ActionScaler, ReplayBuffer
-from tests.conftest import make_transitions, pendulum_info
-
-
-def _buffer() -> ReplayBuffer:
-    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
-    return ReplayBuffer.from_transitions(make_transitions(), scaler)
+from tests.conftest import make_buffer, pendulum_info
 
 
 @pytest.mark.parametrize("horizon", [1, 200, 1000])
@@ -46,7 +40,7 @@ def test_constrained_cql_is_held_to_that_limit(tiny_dataset, tmp_path):
 
 @pytest.mark.parametrize(("limit", "rises"), [(-1.0, True), (1e6, False)])
 def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, rises):
-    buf = _buffer()
+    buf = make_buffer()
     algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32, cost_q_limit=limit, pid=PIDConfig(kp=0.0, ki=0.1)))
     for _ in range(5):
         m = algo.update(buf.sample(32))
@@ -55,7 +49,7 @@ def test_the_multiplier_rises_only_while_the_batch_q_c_exceeds_the_limit(limit, 
 
 def test_the_cost_critic_target_is_floored_at_zero():
     """Costs are >= 0, so a bootstrapped cost value below 0 is clipped: the target is the cost itself."""
-    batch = _buffer().sample(32)
+    batch = make_buffer().sample(32)
     algo = SAC(3, 1, SACConfig(hidden=(16, 16), batch_size=32))
     algo.cost_critic_target = lambda obs, act: torch.full((2, obs.shape[0]), -100.0)
     loss = algo.cost_critic_loss(batch, batch.act)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from arl_models.algos.bc import compute_bc_loss
 from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.nets import adam
 from arl_models.replay import Batch
@@ -109,7 +110,7 @@ class CQL(SAC):
         if data_act is None or self.step >= self.cfg.actor_warmup_steps:
             return super().actor_loss(obs, data_act)
         _, logp = self.actor.sample(obs)
-        return (self.temperature * logp - self.actor.log_prob(obs, data_act)).mean(), logp, None
+        return self.temperature * logp.mean() + compute_bc_loss(self.actor, obs, data_act).actor, logp, None
 
     def sample_actions(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``N`` uniform, ``N`` pi(s) and ``N`` pi(s') actions per state, with their log-densities.
