@@ -105,7 +105,7 @@ class FinetuneConfig:
     """Share of the budget held in reserve: the multiplier holds the training episodes' mean cost to
     ``budget * (1 - cost_margin)``, so that the policy's cost, which the controller only holds on
     average over noisy rounds of a few episodes of sampled actions, stays under the budget itself. On
-    safe-pendulum the deployed (mean-action) policy pays 3-5 above the setpoint; at 0.3 it ended on
+    safe-pendulum the deployed (mean-action) policy pays 2.7-4.8 above the setpoint; at 0.3 it ended on
     the budget (2 of 5 seeds under it), at 0.5 under it on 5 of 5 (benchmarks/README.md)."""
     pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
     """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
