@@ -6,10 +6,12 @@ version 2 (EWC continuing the EWC chain, naive continuing the naive chain). Afte
 both policies are evaluated on every version; the issue's criteria, checked on the last step:
 mean forgetting with EWC <= 1/3 of naive's, and EWC's new-version score >= 0.9 x naive's.
 
-    python benchmarks/bench_continual.py --task safe-pendulum \
-        --data /tmp/d/pend-expert /tmp/cl/pend-1.1.0-expert /tmp/cl/pend-1.2.0-expert --json out.json
+    for v in 2.0.0 2.1.0 2.2.0; do arl data generate -t safe-pendulum@$v -q expert -o data/cl/pend-$v; done
+    python benchmarks/bench_continual.py --task safe-pendulum --data data/cl/pend-2.{0,1,2}.0 --json out.json
 
-Datasets come from ``arl data generate -t TASK@VERSION -q QUALITY`` (one per version, oldest first).
+Datasets come from ``arl data generate -t TASK@VERSION -q QUALITY`` (one per version, oldest first). The
+observed line (2.x: the plant's configuration is in the observation, 2.1.0 reverses the actuators) is
+the one where sequential training has something to forget; on the 1.x variants it does not.
 """
 
 from __future__ import annotations

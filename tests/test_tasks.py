@@ -28,8 +28,10 @@ def test_every_builtin_task_has_at_least_two_dynamics_variants(name):
     assert versions[0] == "1.0.0" and len(versions) >= 3
     base = get_task(name)
     for v in versions[1:]:
-        assert not get_task(name, v).dynamics.is_default()
+        spec = get_task(name, v)
+        assert not spec.dynamics.is_default() or spec.observe_dynamics  # 2.0.0: nominal, observed
         assert get_task(f"{name}@{v}").env_version == v != base.env_version
+    assert [v for v in versions if get_task(name, v).observe_dynamics] == ["2.0.0", "2.1.0", "2.2.0"]
 
 
 def test_unknown_task_and_version_are_named():
@@ -116,6 +118,28 @@ def test_dynamics_variants_change_the_simulator():
     np.testing.assert_allclose(slippery.geom_friction[:, 0], base.geom_friction[:, 0] * 0.4)
     pend = make_env("safe-pendulum@1.2.0").unwrapped
     assert pend.max_torque == pytest.approx(2.0 * 0.6)
+
+
+def test_observed_versions_append_the_dynamics_offsets_and_2_1_0_reverses_the_actuator():
+    """Same state, same command: the reversed pendulum accelerates the other way; each 2.x version's
+    observation ends with its (mass, friction, actuator) offsets, and the cost sees the command."""
+    moves = {}
+    for v, offsets in {"2.0.0": [0, 0, 0], "2.1.0": [0, 0, -2], "2.2.0": [0.5, 0, 0]}.items():
+        env = make_env(f"safe-pendulum@{v}")
+        assert env.observation_space.shape == (6,)
+        obs, _ = env.reset(seed=3)
+        nxt, *_, info = env.step(np.array([1.5], np.float32))
+        np.testing.assert_array_equal(obs[3:], offsets)
+        np.testing.assert_array_equal(nxt[3:], offsets)
+        np.testing.assert_array_equal(obs[:3], make_env("safe-pendulum").reset(seed=3)[0])
+        assert info["cost"] == pytest.approx(0.5)
+        moves[v] = nxt[2] - obs[2]
+    free = moves["2.0.0"] - 1.5 * 3 / 1.0 * 0.05  # the same step without the torque's contribution
+    assert moves["2.1.0"] - free == pytest.approx(-(moves["2.0.0"] - free), abs=1e-5)
+    assert moves["2.2.0"] - free == pytest.approx((moves["2.0.0"] - free) / 1.5, abs=1e-5)
+    hopper = make_env("safe-hopper@2.1.0")
+    np.testing.assert_allclose(hopper.unwrapped.model.actuator_gear[:, 0], -make_env("safe-hopper").unwrapped.model.actuator_gear[:, 0])
+    assert hopper.observation_space.shape == (14,)
 
 
 def test_pendulum_effort_cost_is_the_overload_past_the_torque_limit_and_batch_cost_agrees():

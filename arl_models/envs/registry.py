@@ -2,8 +2,11 @@
 
 Tasks are named ``safe-hopper`` or, for a specific dynamics variant, ``safe-hopper@1.1.0``. The
 ``env_version`` is semantic: a variant with changed dynamics (mass, friction, actuator strength)
-bumps the minor version; the base task is ``1.0.0``. Any gymnasium id can be used as a task with a
-user-supplied cost function through :func:`register_task`.
+bumps the minor version; the base task is ``1.0.0``. The ``2.x`` line changes the observation (a
+breaking change, hence the major version): the agent also sees the plant's configuration, the
+offsets of its dynamics multipliers from nominal, so that versions which need opposite behaviour can
+be served by one policy. Any gymnasium id can be used as a task with a user-supplied cost function
+through :func:`register_task`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ DEFAULT_COST_BUDGET = 25.0
 
 @dataclass(frozen=True)
 class Dynamics:
-    """Multipliers applied to the simulator after construction (1.0 leaves it unchanged)."""
+    """Multipliers applied to the simulator after construction (1.0 leaves it unchanged; a negative
+    ``actuator`` reverses the actuators, as a motor wired the wrong way round does)."""
 
     mass: float = 1.0
     friction: float = 1.0
@@ -29,6 +33,10 @@ class Dynamics:
 
     def is_default(self) -> bool:
         return self == Dynamics()
+
+    def offsets(self) -> np.ndarray:
+        """``(mass, friction, actuator) - 1``: what an agent of a ``2.x`` task sees, 0 at nominal."""
+        return np.array([self.mass - 1.0, self.friction - 1.0, self.actuator - 1.0], dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,8 @@ class TaskSpec:
     cost_budget: float = DEFAULT_COST_BUDGET
     """Budget on the undiscounted cost of one episode."""
     dynamics: Dynamics = Dynamics()
+    observe_dynamics: bool = False
+    """Append :meth:`Dynamics.offsets` to every observation (the ``2.x`` versions)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     description: str = ""
 
@@ -78,22 +88,36 @@ def get_task(task: str, env_version: str | None = None) -> TaskSpec:
     return _REGISTRY[name][version]
 
 
-def _apply_dynamics(env: gym.Env, d: Dynamics) -> None:
+def _apply_dynamics(env: gym.Env, d: Dynamics) -> gym.Env:
     base: Any = env.unwrapped  # MuJoCo and classic-control environments expose different attributes
     if d.is_default():
-        return
+        return env
     model = getattr(base, "model", None)
-    if model is not None:  # MuJoCo
+    if model is not None:  # MuJoCo: a negative gear reverses the actuator
         model.body_mass[:] = model.body_mass * d.mass
         model.geom_friction[:, 0] = model.geom_friction[:, 0] * d.friction
         model.actuator_gear[:, 0] = model.actuator_gear[:, 0] * d.actuator
-    elif hasattr(base, "max_torque"):  # classic-control Pendulum
-        base.m = base.m * d.mass
-        base.max_torque = base.max_torque * d.actuator
+    elif hasattr(base, "max_torque"):  # classic-control Pendulum: strength is the torque limit
         if d.friction != 1.0:
             raise ValueError("Pendulum has no friction to scale")
+        base.m = base.m * d.mass
+        base.max_torque = base.max_torque * abs(d.actuator)
+        if d.actuator < 0:  # the pendulum receives minus the command
+            env = gym.wrappers.TransformAction(env, np.negative, env.action_space)
     else:
         raise ValueError(f"cannot change the dynamics of {env.spec.id if env.spec else base}")
+    return env
+
+
+def _observe_dynamics(env: gym.Env, d: Dynamics) -> gym.Env:
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise TypeError("observing the dynamics needs a flat Box observation")
+    extra = d.offsets()
+    low = np.concatenate([space.low, np.full(extra.shape, -np.inf, np.float32)]).astype(np.float32)
+    high = np.concatenate([space.high, np.full(extra.shape, np.inf, np.float32)]).astype(np.float32)
+    box = gym.spaces.Box(low, high, dtype=np.float32)
+    return gym.wrappers.TransformObservation(env, lambda o: np.concatenate([o, extra]).astype(np.float32), box)
 
 
 def make_env(
@@ -105,8 +129,9 @@ def make_env(
 ) -> gym.Env:
     """Create the task's environment with its dynamics and a :class:`SafetyWrapper`."""
     spec = get_task(task) if isinstance(task, str) else task
-    env = gym.make(spec.env_id, **{**spec.env_kwargs, **gym_kwargs})
-    _apply_dynamics(env, spec.dynamics)
+    env = _apply_dynamics(gym.make(spec.env_id, **{**spec.env_kwargs, **gym_kwargs}), spec.dynamics)
+    if spec.observe_dynamics:
+        env = _observe_dynamics(env, spec.dynamics)
     return SafetyWrapper(env, spec.cost_fn, risk_threshold=risk_threshold, risk_penalty=risk_penalty)
 
 
@@ -137,6 +162,15 @@ def _register_builtin() -> None:
         "1.2.0": Dynamics(actuator=0.6),
     }
     mujoco_extra = {"1.3.0": Dynamics(friction=0.4)}
+    # The observed line: 1.x's variants move the best policy too little to be forgotten (naive
+    # sequential training gains on the old versions: benchmarks/README.md, "Continual learning"),
+    # and a version that needs the opposite action cannot share a policy that does not know which
+    # plant it drives. So 2.x shows the agent the plant's configuration, and 2.1.0 reverses it.
+    observed = {
+        "2.0.0": Dynamics(),
+        "2.1.0": Dynamics(actuator=-1.0),
+        "2.2.0": Dynamics(mass=1.5),
+    }
     # Pendulum's episodes are 200 steps. Its cost is effort, not speed: every swing-up must pass about
     # 4.7 rad/s at the bottom (energy), so a speed limit leaves a constrained policy no cheaper way up
     # than the greedy one; a torque limit does (pump within 1 N m, more slowly). The cost is graded, the
@@ -150,8 +184,10 @@ def _register_builtin() -> None:
         register_task(TaskSpec(name, env_id, cost_fn, cost_budget=budget, description=desc))
         extra = mujoco_extra if env_id != "Pendulum-v1" else {}
         for version, dyn in {**variants, **extra}.items():
-            spec = TaskSpec(name, env_id, cost_fn, version, budget, dyn, description=f"{desc}; {dyn}")
-            register_task(spec)
+            register_task(TaskSpec(name, env_id, cost_fn, version, budget, dyn, description=f"{desc}; {dyn}"))
+        for version, dyn in observed.items():
+            register_task(TaskSpec(name, env_id, cost_fn, version, budget, dyn, observe_dynamics=True,
+                                   description=f"{desc}; {dyn}, observed as the last 3 observation entries"))
 
 
 _register_builtin()
