@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     p.add_argument("--ewc-weight", type=float, default=100.0)
     p.add_argument("--decay", type=float, default=0.9)
+    p.add_argument("--ewc-networks", nargs="+", default=["actor", "critic", "cost_critic"],
+                   help="networks the EWC penalty holds (the policy alone: actor)")
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--no-constraint", action="store_true",
@@ -67,7 +69,8 @@ def main() -> None:
                  eval_episodes=0)
     train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
               init_actor=bc, constrained=not a.no_constraint)
-    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed),
+    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
+                                                                 networks=tuple(a.ewc_networks)),
                           online_steps=a.online_steps, eval_episodes=a.eval_episodes)
     ewc_from, naive_from, steps = start, start, []
     for k in (1, 2):
