@@ -31,6 +31,8 @@ from torch.func import functional_call, grad, vmap
 
 from arl_models.nets import TanhGaussianActor
 
+NETWORKS = ("actor", "critic", "cost_critic")
+
 
 @dataclass(frozen=True)
 class EWCConfig:
@@ -47,8 +49,13 @@ class EWCConfig:
     """Scale each network's Fisher to mean 1, so one weight suits actor and critics alike."""
     fisher_actions: str = "policy"
     """``policy``: true Fisher (actions sampled from the policy); ``data``: empirical (dataset actions)."""
-    networks: tuple[str, ...] = ("actor", "critic", "cost_critic")
-    """Which networks are penalised."""
+    networks: tuple[str, ...] = NETWORKS
+    """Which networks are penalised (the policy alone: ``("actor",)``)."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.networks) - set(NETWORKS))
+        if unknown:
+            raise ValueError(f"EWC: unknown networks {unknown}; choose from {', '.join(NETWORKS)}")
 
 
 class _LogProb(nn.Module):

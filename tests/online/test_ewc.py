@@ -98,6 +98,15 @@ def test_penalty_gradient_reaches_only_the_penalised_network():
     assert algo.actor.mu.bias.grad is not None
 
 
+def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
+    algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
+    obs, act = torch.randn(16, 3), torch.rand(16, 1) * 2 - 1
+    fisher = compute_fisher(algo, obs, act, EWCConfig(networks=("actor",)))
+    assert fisher and all(k.startswith("actor.") for k in fisher)
+    with pytest.raises(ValueError, match=r"unknown networks \['policy'\]"):
+        EWCConfig(networks=("actor", "policy"))
+
+
 def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pendulum_data, tmp_path):
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
     cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), eval_episodes=1, log_every=5)
