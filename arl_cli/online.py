@@ -89,8 +89,8 @@ def continual_cmd(
     steps: Annotated[int, typer.Option(help="Offline gradient steps on the new data.")] = 5_000,
     ewc_weight: Annotated[float, typer.Option(help="EWC penalty weight.")] = 100.0,
     decay: Annotated[float, typer.Option(help="Online EWC decay of the accumulated Fisher.")] = 0.9,
-    ewc_networks: Annotated[str, typer.Option(help="Networks the penalty holds, comma-separated: actor, critic, cost_critic "
-                                              "(the policy alone: actor).")] = "actor,critic,cost_critic",
+    ewc_networks: Annotated[str | None, typer.Option(help="Networks the penalty holds, comma-separated, of actor, critic, "
+                                                     "cost_critic (default: all; the policy alone: actor).")] = None,
     online_steps: Annotated[int, typer.Option(help="Online fine-tuning steps on the new env version (0: offline only).")] = 0,
     baseline: Annotated[bool, typer.Option(help="Also train the naive (no penalty) baseline.")] = True,
     eval_episodes: int = 10,
@@ -98,12 +98,12 @@ def continual_cmd(
 ) -> None:
     """EWC continual learning (stage 4): train on a new version, report per-version scores and forgetting."""
     _one_thread()
-    from arl_models.algos.ewc import EWCConfig
+    from arl_models.algos.ewc import NETWORKS, EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
     from arl_models.data import DatasetError
 
     try:
-        networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip())
+        networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip()) if ewc_networks else NETWORKS
         cfg = ContinualConfig(seed=seed, steps=steps, ewc=EWCConfig(weight=ewc_weight, decay=decay, seed=seed, networks=networks),
                               online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes)
         report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)

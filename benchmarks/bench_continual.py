@@ -37,8 +37,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     p.add_argument("--ewc-weight", type=float, default=100.0)
     p.add_argument("--decay", type=float, default=0.9)
-    p.add_argument("--ewc-networks", nargs="+", default=["actor", "critic", "cost_critic"],
-                   help="networks the EWC penalty holds (the policy alone: actor)")
+    p.add_argument("--ewc-networks", nargs="+",
+                   help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)")
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--no-constraint", action="store_true",
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from arl_models.algos.bc import BCConfig
     from arl_models.algos.cql import CQLConfig
-    from arl_models.algos.ewc import EWCConfig
+    from arl_models.algos.ewc import NETWORKS, EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
     from arl_models.offline import train_bc, train_cql
 
@@ -70,7 +70,7 @@ def main() -> None:
     train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
               init_actor=bc, constrained=not a.no_constraint)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
-                                                                 networks=tuple(a.ewc_networks)),
+                                                                 networks=tuple(a.ewc_networks or NETWORKS)),
                           online_steps=a.online_steps, eval_episodes=a.eval_episodes)
     ewc_from, naive_from, steps = start, start, []
     for k in (1, 2):
