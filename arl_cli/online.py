@@ -91,6 +91,8 @@ def continual_cmd(
     decay: Annotated[float, typer.Option(help="Online EWC decay of the accumulated Fisher.")] = 0.9,
     ewc_networks: Annotated[str | None, typer.Option(help="Networks the penalty holds, comma-separated, of actor, critic, "
                                                      "cost_critic (default: all; the policy alone: actor).")] = None,
+    rehearsal: Annotated[float, typer.Option(help="Share of each offline batch drawn from the earlier versions' datasets "
+                                             "(0: the new data alone; the baseline never rehearses).")] = 0.0,
     online_steps: Annotated[int, typer.Option(help="Online fine-tuning steps on the new env version (0: offline only).")] = 0,
     baseline: Annotated[bool, typer.Option(help="Also train the naive (no penalty) baseline.")] = True,
     eval_episodes: int = 10,
@@ -105,7 +107,7 @@ def continual_cmd(
     try:
         networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip()) if ewc_networks else NETWORKS
         cfg = ContinualConfig(seed=seed, steps=steps, ewc=EWCConfig(weight=ewc_weight, decay=decay, seed=seed, networks=networks),
-                              online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes)
+                              rehearsal=rehearsal, online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes)
         report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)
     except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
         _fail(str(e))

@@ -12,12 +12,20 @@ version's environment and on the new one. Per earlier version, forgetting is the
 earlier policy of the chain reached there minus the current score. The same run trains the naive
 baseline (sequential training without the penalty, from ``naive_from`` or the same start) into
 ``OUT/naive`` and reports it beside EWC, in ``OUT/continual.json`` and the metrics record.
+
+Rehearsal (``ContinualConfig.rehearsal``) draws a fixed share of every offline batch from the earlier
+versions' datasets, the replay half of CLEAR (Rolnick et al., "Experience Replay for Continual
+Learning", NeurIPS 2019). Here it costs no extra storage: every version's dataset is already kept and
+versioned. A diagonal penalty cannot reconcile versions that need opposite actions in the same
+physical state (benchmarks/README.md, the observed line); training on both can. The naive baseline
+never rehearses; EWC at weight 0 with rehearsal is rehearsal alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,8 +48,8 @@ from arl_models.envs.registry import get_task
 from arl_models.evaluate import evaluate
 from arl_models.metrics import MetricSink
 from arl_models.offline import cql_cost_limit, dataset_record, env_record
-from arl_models.online import FinetuneConfig, finetune
-from arl_models.replay import ActionScaler, ReplayBuffer
+from arl_models.online import FinetuneConfig, finetune, sample_mixed
+from arl_models.replay import ActionScaler, Batch, ReplayBuffer
 from arl_models.train import fit
 
 EWC_FILE = "ewc.safetensors"
@@ -57,10 +65,17 @@ class ContinualConfig:
     """Environment steps of constrained fine-tuning on the new version afterwards (0: offline only)."""
     finetune: FinetuneConfig = FinetuneConfig()
     """Settings of that fine-tuning (its ``steps`` are replaced by ``online_steps``)."""
+    rehearsal: float = 0.0
+    """Share of each offline batch drawn from the earlier versions' datasets (exactly ``round(share * B)``
+    rows, uniform over their transitions together); 0: the new data alone. Not applied to the baseline."""
     baseline: bool = True
-    """Also train naive sequential fine-tuning (no penalty) and report it."""
+    """Also train naive sequential fine-tuning (no penalty, no rehearsal) and report it."""
     eval_episodes: int = 10
     log_every: int = 500
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rehearsal < 1.0:
+            raise ValueError(f"continual: rehearsal is a share of the batch in [0, 1), got {self.rehearsal}")
 
 
 def version_key(info: DatasetInfo) -> str:
@@ -93,9 +108,33 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     return algo
 
 
+def _scaler(info: DatasetInfo) -> ActionScaler:
+    return ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
+
+
+def earlier_buffer(previous: list[Path], new: DatasetInfo) -> ReplayBuffer:
+    """The earlier versions' datasets in one buffer, for rehearsal; each must fit the new one's shapes."""
+    parts = [read_dataset(p) for p in previous]
+    for path, (_, info) in zip(previous, parts, strict=True):
+        if (info.obs_dim, info.action_dim) != (new.obs_dim, new.action_dim):
+            raise ValueError(f"rehearsal: {path} has observations of {info.obs_dim} and actions of {info.action_dim} "
+                             f"dimensions, the new version {version_key(new)} {new.obs_dim} and {new.action_dim}")
+    buf = ReplayBuffer(sum(len(t) for t, _ in parts), new.obs_dim, new.action_dim)
+    for t, info in parts:
+        buf.add(obs=t.obs, act=_scaler(info).normalize(t.action), rew=t.reward, cost=t.cost, next_obs=t.next_obs,
+                done=t.terminated.astype(np.float32))
+    return buf
+
+
+def batches(new: ReplayBuffer, earlier: ReplayBuffer | None, batch_size: int, share: float) -> Callable[[], Batch]:
+    """The offline stage's sampler: the new data alone, or ``round(share * B)`` earlier rows first."""
+    if earlier is None or share <= 0:
+        return lambda: new.sample(batch_size)
+    return lambda: sample_mixed(earlier, new, batch_size, share)
+
+
 def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCConfig) -> EWCPenalty:
     """Online EWC: the start's accumulated Fisher (if any) decayed, plus the Fisher on earlier data."""
-    scaler_of = lambda i: ActionScaler(np.asarray(i.action_low, np.float32), np.asarray(i.action_high, np.float32))  # noqa: E731
     anchor = current_anchor(algo, cfg.networks)
     saved = from_dir / EWC_FILE
     penalty = EWCPenalty.from_tensors(load_file(str(saved)), cfg.weight) if saved.is_file() else None
@@ -106,7 +145,7 @@ def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCC
         t, info = read_dataset(path)
         idx = torch.randperm(len(t), generator=gen)[: cfg.samples].numpy()
         obs = torch.as_tensor(t.obs[idx])
-        act = torch.as_tensor(scaler_of(info).normalize(t.action[idx]))
+        act = torch.as_tensor(_scaler(info).normalize(t.action[idx]))
         fisher = compute_fisher(algo, obs, act, cfg)
         penalty = EWCPenalty(fisher, anchor, cfg.weight) if penalty is None else penalty.consolidate(fisher, anchor, cfg.decay)
     assert penalty is not None
@@ -132,8 +171,9 @@ def _train_branch(
             penalty = earlier_penalty(algo, from_dir, previous, cfg.ewc)
             save_file(penalty.tensors(), str(f))
     algo.regularizer = penalty
-    scaler = ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
-    buffer = ReplayBuffer.from_transitions(t, scaler)
+    buffer = ReplayBuffer.from_transitions(t, _scaler(info))
+    rehearse = use_ewc and previous and cfg.rehearsal > 0
+    sample = batches(buffer, earlier_buffer(previous, info) if rehearse else None, algo.cfg.batch_size, cfg.rehearsal)
     if not has_train_state(offline_out):
         torch.manual_seed(cfg.seed)
     record = {
@@ -141,7 +181,7 @@ def _train_branch(
         "format_version": 1, "stage": "continual", "from": str(from_dir), "ewc": use_ewc,
         "continual_config": asdict(cfg),
     }
-    fit(algo, lambda: buffer.sample(algo.cfg.batch_size), cfg.steps, offline_out, record, sink=sink,
+    fit(algo, sample, cfg.steps, offline_out, record, sink=sink,
         log_every=cfg.log_every, save_every=max(cfg.steps // 4, 1), progress=progress,
         desc=f"continual {'ewc' if use_ewc else 'naive'} {version_key(info)}")
     if cfg.online_steps <= 0:

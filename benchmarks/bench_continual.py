@@ -39,6 +39,9 @@ def main() -> None:
     p.add_argument("--decay", type=float, default=0.9)
     p.add_argument("--ewc-networks", nargs="+",
                    help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)")
+    p.add_argument("--rehearsal", type=float, default=0.0,
+                   help="share of each EWC-chain batch drawn from the earlier versions' data (naive never rehearses; "
+                        "with --ewc-weight 0 this is rehearsal alone)")
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
     p.add_argument("--no-constraint", action="store_true",
@@ -71,7 +74,7 @@ def main() -> None:
               init_actor=bc, constrained=not a.no_constraint)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
                                                                  networks=tuple(a.ewc_networks or NETWORKS)),
-                          online_steps=a.online_steps, eval_episodes=a.eval_episodes)
+                          rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes)
     ewc_from, naive_from, steps = start, start, []
     for k in (1, 2):
         out = a.workdir / f"v{k}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,8 +18,10 @@ from arl_models.algos.ewc import (
     current_anchor,
     policy_fisher,
 )
-from arl_models.continual import ContinualConfig, train_continual
+from arl_models.continual import ContinualConfig, batches, earlier_buffer, train_continual
+from arl_models.data.dataset import read_dataset
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
+from arl_models.replay import ActionScaler, ReplayBuffer
 from tests.online.conftest import write_pendulum_data
 
 
@@ -109,8 +112,9 @@ def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
 
 def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pendulum_data, tmp_path):
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
-    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), eval_episodes=1, log_every=5)
+    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), rehearsal=0.5, eval_episodes=1, log_every=5)
     report = train_continual(tiny_cql, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
+    assert report["config"]["rehearsal"] == 0.5
     for name in ("ewc", "naive"):
         r = report[name]
         assert r["versions"] == ["safe-pendulum@1.0.0", "safe-pendulum@1.1.0"]
@@ -122,3 +126,26 @@ def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pen
     chain = json.loads((tmp_path / "cl" / "config.json").read_text())["continual"]
     assert chain["datasets"] == [str(pendulum_data), str(new)]
     assert json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"] == "safe-pendulum@1.1.0"
+
+
+def test_rehearsal_batches_hold_the_earlier_versions_at_the_exact_share(pendulum_data, tmp_path):
+    new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
+    t_new, info = read_dataset(new)
+    t_old, _ = read_dataset(pendulum_data)
+    earlier = earlier_buffer([pendulum_data, pendulum_data], info)
+    assert len(earlier) == 2 * len(t_old)
+    torch.testing.assert_close(earlier.rows[: len(t_old), : info.obs_dim], torch.tensor(t_old.obs))
+    assert earlier.data["act"].abs().max() <= 1.0  # actions normalised to the networks' range
+    sample = batches(ReplayBuffer.from_transitions(t_new, ActionScaler(np.float32([-2.0]), np.float32([2.0]))), earlier, 40, 0.25)
+    old_obs = {tuple(o) for o in t_old.obs.tolist()}
+    for _ in range(3):
+        from_old = [tuple(o) in old_obs for o in sample().obs.tolist()]
+        assert from_old == [True] * 10 + [False] * 30  # the datasets share no observation
+
+
+def test_rehearsal_names_a_dataset_that_does_not_fit_and_a_share_out_of_range(pendulum_data, tmp_path):
+    _, info = read_dataset(pendulum_data)
+    with pytest.raises(ValueError, match=r"rehearsal: .*v1.0.0 has observations of 3 .* 5"):
+        earlier_buffer([pendulum_data], replace(info, obs_dim=5))
+    with pytest.raises(ValueError, match=r"rehearsal is a share of the batch in \[0, 1\), got 1.0"):
+        ContinualConfig(rehearsal=1.0)
