@@ -55,6 +55,10 @@ class TrainingConfig(BaseModel):
         ),
     )
     ewc_weight: float = Field(100.0, ge=0, description="Weight of the EWC penalty protecting earlier versions.")
+    rehearsal: float = Field(
+        0.0, ge=0, lt=1,
+        description="Share of each EWC-stage batch drawn from the earlier versions' datasets (0: the new data alone).",
+    )
 
     def stage_settings(self, stage: str) -> dict:
         steps = {
@@ -73,7 +77,7 @@ class TrainingConfig(BaseModel):
         if stage == "finetune":
             settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
         if stage == "ewc":
-            settings |= {"ewc_weight": self.ewc_weight}
+            settings |= {"ewc_weight": self.ewc_weight, "rehearsal": self.rehearsal}
         return settings
 
 

@@ -157,6 +157,7 @@ def _continual(
         seed=seed,
         steps=_target_steps("ewc", settings),
         ewc=EWCConfig(weight=settings.get("ewc_weight", EWCConfig.weight), seed=seed),
+        rehearsal=settings.get("rehearsal", 0.0),
         baseline=False,  # the naive baseline is the benchmark's business, not every run's
         eval_episodes=settings["forgetting_episodes"],
     )
@@ -185,7 +186,7 @@ def train_stage(
     checkpoint and its metrics.
 
     ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``;
-    for ``ewc`` also ``ewc_weight``, ``previous`` (the earlier versions' dataset directories, oldest first)
+    for ``ewc`` also ``ewc_weight``, ``rehearsal``, ``previous`` (the earlier versions' dataset directories, oldest first)
     and ``forgetting_episodes``. ``init_from``: the upstream stage's result (CQL starts its actor from BC's,
     fine-tuning from CQL's, EWC from the champion found by :func:`tasks.continual.earlier_versions`).
     """

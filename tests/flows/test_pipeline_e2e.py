@@ -208,11 +208,12 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
         IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="second"),
         emit_event=False,
     )
-    result = _run(new)
+    result = _run(new, training={"rehearsal": 0.5})
 
-    # stage 4 ran from the champion, over the versions the champion had learned
+    # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
     assert list(result["stages"]) == ["bc", "cql", "finetune", "ewc"]
     ewc = result["stages"]["ewc"]
+    assert json.loads((Path(ewc["checkpoint"]) / "config.json").read_text())["continual_config"]["rehearsal"] == 0.5
     forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
     assert math.isfinite(forgetting)
     run = _children(result["run_id"])["ewc"]
