@@ -212,7 +212,6 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
     algo_cfg = replace(
         base, seed=cfg.seed, conservative=cfg.conservative, cost_q_limit=None, pid=cfg.pid, actor_warmup_steps=0,
         backup_entropy=True,  # online it is SAC: the soft (entropy-regularised) TD target
-        cost_conservative_weight=0.0,  # online the cost critic sees the policy's own actions and costs
         external_multiplier=cfg.constrained, batch_size=cfg.batch_size or base.batch_size,
         conservative_weight=base.conservative_weight if cfg.conservative_weight is None else cfg.conservative_weight,
     )

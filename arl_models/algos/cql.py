@@ -47,12 +47,6 @@ class CQLConfig(SACConfig):
     batch's actions, ``temperature * log pi(a|s) - log pi(a_data|s)``, while the critics learn; then it
     follows the critic. A fresh or shifted critic otherwise pulls a BC-initialised actor off the data at
     once (the ``policy_eval_start`` of Kumar et al.'s code). The cost multiplier waits for it too."""
-    cost_conservative_weight: float = 0.0
-    """Pessimism of the cost critic, the mirror of the conservative term: ``w_c * (Q_c(s, a_data) -
-    Q_c(s, a_pi))`` with ``a_pi ~ pi(s)`` raises the cost the critic predicts for the policy's actions
-    above the data's, so an actor that minimises ``Q_c`` cannot find cheap actions where the data says
-    nothing (the optimism measured on Hopper: ``Q_c(s0, pi(s0))`` 2.7 while the policy paid 43-48
-    discounted). In the spirit of CPQ (Xu et al., AAAI 2022); 0 turns it off. Offline only."""
     critic_precision: str = "float32"
     """``bfloat16`` runs the fused critic pass (all ``1 + 3N`` action sets) under bf16 autocast with
     float32 weights and losses: about 2.6x faster on CPUs with AVX512-BF16, at bf16's 8-bit mantissa."""
@@ -166,18 +160,6 @@ class CQL(SAC):
             conservative = (alpha.detach() * slack).sum()
             alpha_loss = -(alpha * slack.detach()).sum()
         return CQLLosses(td=td, conservative=conservative, alpha=alpha_loss), q_data
-
-    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        loss = super().cost_critic_loss(batch, next_act, weights)
-        w = self.cfg.cost_conservative_weight
-        if w <= 0.0:
-            return loss
-        assert self.cost_critic is not None
-        with torch.no_grad():
-            pol_act = self.actor.sample(batch.obs)[0]
-        qc = self.cost_critic(torch.cat([batch.obs, batch.obs]), torch.cat([batch.act, pol_act]))  # (E, 2B)
-        b = batch.obs.shape[0]
-        return loss + w * (qc[:, :b] - qc[:, b:]).mean(1).sum()
 
     def bound_sampled_q(self, q_sampled: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Hook on the sampled actions' Q-values ``(E, B, 3N)`` before the log-sum-exp; CQL leaves them
