@@ -16,9 +16,11 @@ baseline (sequential training without the penalty, from ``naive_from`` or the sa
 Rehearsal (``ContinualConfig.rehearsal``) draws a fixed share of every offline batch from the earlier
 versions' datasets, the replay half of CLEAR (Rolnick et al., "Experience Replay for Continual
 Learning", NeurIPS 2019). Here it costs no extra storage: every version's dataset is already kept and
-versioned. A diagonal penalty cannot reconcile versions that need opposite actions in the same
-physical state (benchmarks/README.md, the observed line); training on both can. The naive baseline
-never rehearses; EWC at weight 0 with rehearsal is rehearsal alone.
+versioned. On the observed line, where a version needs the opposite action in the same physical
+state, the diagonal penalty did not reconcile the versions at the sizes measured and rehearsal
+removed forgetting (benchmarks/README.md). It applies to the offline stage, not to the online
+fine-tuning that may follow. The naive baseline never rehearses; EWC at weight 0 with rehearsal is
+rehearsal alone.
 """
 
 from __future__ import annotations
