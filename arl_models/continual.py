@@ -123,14 +123,13 @@ def earlier_buffer(previous: list[Path], new: DatasetInfo) -> ReplayBuffer:
                              f"dimensions, the new version {version_key(new)} {new.obs_dim} and {new.action_dim}")
     buf = ReplayBuffer(sum(len(t) for t, _ in parts), new.obs_dim, new.action_dim)
     for t, info in parts:
-        buf.add(obs=t.obs, act=_scaler(info).normalize(t.action), rew=t.reward, cost=t.cost, next_obs=t.next_obs,
-                done=t.terminated.astype(np.float32))
+        buf.add_transitions(t, _scaler(info))
     return buf
 
 
 def batches(new: ReplayBuffer, earlier: ReplayBuffer | None, batch_size: int, share: float) -> Callable[[], Batch]:
     """The offline stage's sampler: the new data alone, or ``round(share * B)`` earlier rows first."""
-    if earlier is None or share <= 0:
+    if earlier is None:
         return lambda: new.sample(batch_size)
     return lambda: sample_mixed(earlier, new, batch_size, share)
 

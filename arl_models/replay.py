@@ -73,7 +73,12 @@ class ReplayBuffer:
         cls, t: Transitions, scaler: ActionScaler, capacity: int | None = None, device: str | torch.device = "cpu"
     ) -> ReplayBuffer:
         buf = cls(capacity or len(t), t.obs.shape[1], t.action.shape[1], device)
-        buf.add(
+        buf.add_transitions(t, scaler)
+        return buf
+
+    def add_transitions(self, t: Transitions, scaler: ActionScaler) -> torch.Tensor:
+        """Append a dataset's transitions, actions scaled to ``[-1, 1]`` by ``scaler``; returns the slots."""
+        return self.add(
             obs=t.obs,
             act=scaler.normalize(t.action),
             rew=t.reward,
@@ -81,7 +86,6 @@ class ReplayBuffer:
             next_obs=t.next_obs,
             done=t.terminated.astype(np.float32),
         )
-        return buf
 
     def add(self, **arrays: np.ndarray) -> torch.Tensor:
         """Append a batch of rows (``obs=(n, O)``, ``rew=(n,)``...), overwriting the oldest when full;
