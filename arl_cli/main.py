@@ -142,12 +142,15 @@ Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory.")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumes if it holds a train_state).")]
 Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
 Steps = Annotated[int | None, typer.Option(help="Gradient steps (preset default if unset).")]
+ContextDim = Annotated[int | None, typer.Option(
+    help="Trailing observation entries that describe the plant and condition the networks (FiLM); "
+         "default: what the dataset's task observes (3 on the 2.x versions, else 0); 0 turns it off.")]
 
 
 @train_app.command("bc")
 def train_bc_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
-    policy: Annotated[str, typer.Option(help="gaussian | deterministic")] = "gaussian",
+    policy: Annotated[str, typer.Option(help="gaussian | deterministic")] = "gaussian", context_dim: ContextDim = None,
 ) -> None:
     """Behaviour cloning (stage 1)."""
     from dataclasses import replace
@@ -155,7 +158,7 @@ def train_bc_cmd(
     from arl_models.presets import get_preset
 
     cfg = replace(get_preset(preset).bc, policy=policy)
-    _train_common("bc", data, out, preset, seed, steps, config=cfg)
+    _train_common("bc", data, out, preset, seed, steps, config=cfg, context_dim=context_dim)
 
 
 @train_app.command("cql")
@@ -163,9 +166,11 @@ def train_cql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
     init_actor: Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
+    context_dim: ContextDim = None,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2)."""
-    _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained)
+    _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
+                  context_dim=context_dim)
 
 
 @app.command("evaluate")

@@ -3,6 +3,16 @@
 A critic ensemble keeps its members' weights stacked as ``(E, in, out)`` and evaluates all members in
 one batched matmul (``torch.baddbmm``) per layer: one fused pass, not a Python loop over critics.
 Actors work in the normalised action space [-1, 1]; the environment boundary rescales.
+
+With ``context_dim`` k > 0 the last k observation entries are a context (the observed plant of the
+``2.x`` task versions: its dynamics offsets, 0 at nominal) that modulates every hidden layer of actor and
+critics, FiLM (Perez et al., "FiLM: Visual Reasoning with a General Conditioning Layer", AAAI 2018):
+``x <- x * (1 + W_g c) + W_b c`` on the input of every linear layer, the network's own input included.
+A plant that needs the opposite action is then a change of sign (the action's column of a critic's
+input, the features under an actor's head), not a new region of the input space that one shared network
+must carve out. ``W`` starts at zero and
+has no bias, so at context 0 a conditioned network computes exactly what the unconditioned one does and
+data of the nominal plant leave ``W`` untouched (its gradient is proportional to ``c``).
 """
 
 from __future__ import annotations
@@ -27,6 +37,42 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.
     return nn.Sequential(*layers)
 
 
+def film(h: torch.Tensor, gamma_beta: torch.Tensor) -> torch.Tensor:
+    """``h * (1 + gamma) + beta`` with ``gamma_beta`` the two halves along the last axis."""
+    gamma, beta = gamma_beta.chunk(2, dim=-1)
+    return torch.addcmul(h + beta, h, gamma)
+
+
+def _check_context(obs_dim: int, context_dim: int) -> None:
+    if not 0 <= context_dim < obs_dim:
+        raise ValueError(f"context_dim must lie in [0, {obs_dim}) for observations of {obs_dim} entries, got {context_dim}")
+
+
+class ConditionedMLP(nn.Module):
+    """:func:`mlp` whose input and hidden layers are FiLM-modulated by the last ``context_dim`` input entries."""
+
+    def __init__(self, in_dim: int, hidden: tuple[int, ...], context_dim: int):
+        super().__init__()
+        _check_context(in_dim, context_dim)
+        self.context_dim = context_dim
+        dims = [in_dim, *hidden]
+        self.layers = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:], strict=True))
+        self.film = nn.ParameterList(nn.Parameter(torch.zeros(context_dim, 2 * d)) for d in dims)  # (k, 2D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = x[..., -self.context_dim :]
+        x = film(x, c @ self.film[0])
+        for layer, w in zip(self.layers, self.film[1:], strict=True):
+            x = film(torch.relu(layer(x)), c @ w)
+        return x
+
+
+def trunk(in_dim: int, hidden: tuple[int, ...], context_dim: int = 0) -> nn.Module:
+    """An actor's hidden layers: plain, or conditioned on the context (the plain one keeps its
+    ``nn.Sequential`` parameter names, so checkpoints from before conditioning load unchanged)."""
+    return mlp(in_dim, hidden) if context_dim == 0 else ConditionedMLP(in_dim, hidden, context_dim)
+
+
 class EnsembleLinear(nn.Module):
     """``E`` independent linear layers evaluated in one ``baddbmm``."""
 
@@ -47,26 +93,35 @@ class EnsembleLinear(nn.Module):
 class EnsembleCritic(nn.Module):
     """``E`` Q-functions ``Q_e(s, a)``; ``forward`` returns ``(E, B)``."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2, context_dim: int = 0):
         super().__init__()
-        self.ensemble = ensemble
+        _check_context(obs_dim, context_dim)
+        self.ensemble, self.context_dim = ensemble, context_dim
         dims = [obs_dim + act_dim, *hidden]
         self.hidden = nn.ModuleList(EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True))
         self.out = EnsembleLinear(ensemble, dims[-1], 1)
+        # FiLM weights per member for the input of every layer, (E, k, 2D), zero: see the module docstring
+        self.film = nn.ParameterList(nn.Parameter(torch.zeros(ensemble, context_dim, 2 * d)) for d in dims) if context_dim else None
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, act], dim=-1)  # (B, O+A)
-        for layer in self.hidden:
-            x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
-        return self.out(x).squeeze(-1)  # (E, B)
+        if self.film is None:
+            for layer in self.hidden:
+                x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
+            return self.out(x).squeeze(-1)  # (E, B)
+        c = obs[..., -self.context_dim :]  # (B, k)
+        x = film(x, torch.matmul(c, self.film[0]))  # (B, k) @ (E, k, 2D) -> (E, B, 2D): now per member
+        for layer, w in zip(self.hidden, self.film[1:], strict=True):
+            x = film(torch.relu(layer(x)), torch.matmul(c, w))
+        return self.out(x).squeeze(-1)
 
 
 class DeterministicActor(nn.Module):
     """``a = tanh(mu(s))``: behaviour cloning's deterministic policy."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...]):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], context_dim: int = 0):
         super().__init__()
-        self.trunk = mlp(obs_dim, hidden)
+        self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -84,9 +139,9 @@ class TanhGaussianActor(nn.Module):
     warm-start it (``log_std`` keeps its initialisation).
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...]):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], context_dim: int = 0):
         super().__init__()
-        self.trunk = mlp(obs_dim, hidden)
+        self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
         self.log_std = nn.Linear(hidden[-1], act_dim)
 

@@ -16,7 +16,7 @@ from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL, CQLConfig
 from arl_models.checkpoint import config_record, load_policy, read_config
 from arl_models.data.dataset import DatasetInfo, read_dataset
-from arl_models.envs.registry import get_task
+from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EvalResult, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.presets import get_preset
@@ -101,14 +101,22 @@ def _run(
 def train_bc(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     config: BCConfig | None = None, sink: MetricSink | None = None, progress: bool = True,
-    eval_episodes: int | None = None,
+    eval_episodes: int | None = None, context_dim: int | None = None,
 ) -> dict[str, float]:
-    """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``."""
+    """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``.
+
+    ``context_dim``: observation entries that condition the actor (:func:`conditioning`)."""
     p = get_preset(preset)
-    cfg = replace(config or p.bc, seed=seed)
     t, info = read_dataset(data)
+    cfg = replace(config or p.bc, seed=seed, context_dim=conditioning(info, context_dim))
     algo = BC(info.obs_dim, info.action_dim, cfg)
     return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info, eval_episodes=eval_episodes)
+
+
+def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
+    """How many trailing observation entries condition the networks (FiLM, ``nets.py``): ``context_dim``
+    if given, else what the dataset's task shows of its plant (3 on the ``2.x`` versions, 0 elsewhere)."""
+    return context_dim_of(info.task, info.env_version) if context_dim is None else context_dim
 
 
 def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
@@ -132,17 +140,18 @@ def train_cql(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
     sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
-    prioritized: PERConfig | None = None,
+    prioritized: PERConfig | None = None, context_dim: int | None = None,
 ) -> dict[str, float]:
     """Stage 2: CQL with a cost critic, optionally starting from a BC actor.
 
     With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
     multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` batches are drawn
-    by TD-error priority (``prioritized.py``) with IS-weighted critic losses.
+    by TD-error priority (``prioritized.py``) with IS-weighted critic losses. ``context_dim``: observation
+    entries that condition actor and critics (:func:`conditioning`); a BC start must match.
     """
     p = get_preset(preset)
     t, info = read_dataset(data)
-    cfg = replace(config or p.cql, seed=seed)
+    cfg = replace(config or p.cql, seed=seed, context_dim=conditioning(info, context_dim))
     starts = t.obs[t.step == 0]
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
@@ -155,6 +164,10 @@ def train_cql(
         from safetensors.torch import load_file
 
         bc_record = read_config(init_actor)
+        bc_context = bc_record["config"].get("context_dim", 0)
+        if bc_context != cfg.context_dim:
+            raise ValueError(f"{init_actor}: its actor is conditioned on {bc_context} context entries and this CQL on "
+                             f"{cfg.context_dim}; train both with the same context_dim")
         weights = load_file(str(Path(init_actor) / "weights.safetensors"))
         copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
         if not copied:

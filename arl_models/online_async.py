@@ -105,7 +105,7 @@ def worker_spec(session: Session) -> WorkerSpec:
         action_low=tuple(float(x) for x in env["action_low"]), action_high=tuple(float(x) for x in env["action_high"]),
         # a resumed run continues with fresh streams: the interrupted workers' episodes are not replayed
         seed=session.cfg.seed * 1_000_003 + session.state.rounds, chunk_steps=w.chunk_steps,
-        envs_per_worker=w.envs_per_worker,
+        envs_per_worker=w.envs_per_worker, context_dim=algo.cfg.context_dim,
     )
 
 

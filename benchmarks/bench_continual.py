@@ -46,6 +46,9 @@ def main() -> None:
     p.add_argument("--actor-warmup", type=int, default=0,
                    help="steps of each stage in which the actor imitates the data while the critics learn")
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--context-dim", type=int,
+                   help="trailing observation entries that FiLM-condition the networks (default: the task's, 3 on the 2.x "
+                        "versions; 0: unconditioned, as before stop 21)")
     p.add_argument("--ewc-weight", type=float, default=100.0)
     p.add_argument("--decay", type=float, default=0.9)
     p.add_argument("--ewc-networks", nargs="+",
@@ -80,9 +83,9 @@ def main() -> None:
     if a.bc_steps > 0:
         bc = a.workdir / "v0-bc"
         train_bc(a.data[0], bc, steps=a.bc_steps, seed=a.seed, config=BCConfig(hidden=tuple(a.hidden)), progress=False,
-                 eval_episodes=0)
+                 eval_episodes=0, context_dim=a.context_dim)
     train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
-              init_actor=bc, constrained=not a.no_constraint)
+              init_actor=bc, constrained=not a.no_constraint, context_dim=a.context_dim)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
                                                                  networks=tuple(a.ewc_networks or NETWORKS)),
                           rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes)

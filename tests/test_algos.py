@@ -2,6 +2,7 @@
 touches, determinism, and save/load."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -23,10 +24,11 @@ def _algos():
         SAC(3, 1, SACConfig(**SMALL)),
         CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4)),
         CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, lagrangian_threshold=1.0, cost_q_limit=0.1)),
+        CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, context_dim=1)),
     ]
 
 
-@pytest.mark.parametrize("algo", _algos(), ids=lambda a: f"{a.name}")
+@pytest.mark.parametrize("algo", _algos(), ids=lambda a: f"{a.name}{'-film' if getattr(a.cfg, 'context_dim', 0) else ''}")
 def test_update_is_finite_and_moves_every_trained_parameter(algo):
     buf = make_buffer()
     before = {f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()}
@@ -93,6 +95,46 @@ def test_fused_ensemble_equals_separate_critics():
             x = torch.relu(x @ layer.weight[e] + layer.bias[e])
         q = (x @ critic.out.weight[e] + critic.out.bias[e]).squeeze(-1)
         torch.testing.assert_close(fused[e], q)
+
+
+def _nominal(obs: torch.Tensor, k: int) -> torch.Tensor:
+    obs = obs.clone()
+    obs[:, -k:] = 0.0
+    return obs
+
+
+def test_conditioned_networks_compute_the_plain_ones_at_the_nominal_context():
+    obs, act = _nominal(torch.randn(6, 5), 2), torch.rand(6, 1) * 2 - 1
+    torch.manual_seed(0)
+    plain = (TanhGaussianActor(5, 1, (8, 8)), EnsembleCritic(5, 1, (8, 8), ensemble=2))
+    torch.manual_seed(0)
+    film = (TanhGaussianActor(5, 1, (8, 8), context_dim=2), EnsembleCritic(5, 1, (8, 8), ensemble=2, context_dim=2))
+    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
+    with torch.no_grad():  # modulation weights that are not zero change nothing at context 0, everything off it
+        for p in [*film[0].trunk.film, *film[1].film]:
+            p.uniform_(-1.0, 1.0)
+    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
+    off = obs.clone()
+    off[:, -1] = -2.0
+    assert not torch.allclose(plain[1](off, act), film[1](off, act))
+
+
+def test_nominal_data_leave_the_modulation_weights_untouched():
+    """The gradient of ``W`` is proportional to the context: the nominal plant's data cannot move it, so
+    what a later plant teaches there leaves the nominal policy as it was."""
+    algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, context_dim=1))
+    batch = make_buffer().sample(32)
+    batch = dataclasses.replace(batch, obs=_nominal(batch.obs, 1), next_obs=_nominal(batch.next_obs, 1))
+    film = [*algo.actor.trunk.film, *algo.critic.film]
+    algo.update(batch)
+    assert all(torch.count_nonzero(p) == 0 for p in film)
+
+
+def test_context_dim_must_leave_a_state():
+    with pytest.raises(ValueError, match="context_dim must lie in \\[0, 3\\) for observations of 3 entries, got 3"):
+        EnsembleCritic(3, 1, (8,), context_dim=3)
+    with pytest.raises(ValueError, match="context_dim"):
+        TanhGaussianActor(3, 1, (8,), context_dim=-1)
 
 
 def test_conservative_gap_is_logsumexp_minus_data():

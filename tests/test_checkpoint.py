@@ -76,6 +76,32 @@ def test_cql_starts_from_a_bc_actor(tiny_dataset, tmp_path):
     assert rec["init_actor"]["algo"] == "bc" and rec["init_actor"]["keys"] >= 4
 
 
+def test_observed_versions_condition_the_networks_from_bc_to_the_saved_policy(tmp_path):
+    """A 2.x dataset (the plant in the last 3 entries) gets FiLM-conditioned networks by default; the
+    checkpoint reloads them, a BC start must match, and 0 turns conditioning off."""
+    from arl_models.data.dataset import write_dataset
+    from tests.conftest import make_transitions, pendulum_info
+
+    t = make_transitions(obs_dim=6)
+    t.env_version[:] = "2.1.0"
+    data = tmp_path / "v2.1.0"
+    write_dataset(data, t, pendulum_info(env_version="2.1.0", obs_dim=6))
+    train_bc(data, tmp_path / "bc", steps=5, **TINY)
+    train_cql(data, tmp_path / "cql", steps=5, init_actor=tmp_path / "bc", **TINY)
+    for stage in ("bc", "cql"):
+        assert read_config(tmp_path / stage)["config"]["context_dim"] == 3
+    assert read_config(tmp_path / "cql")["init_actor"]["keys"] >= 8  # the trunk's layers and FiLM weights too
+    weights = _weights(tmp_path / "cql")
+    assert {"actor.trunk.film.0", "critic.film.0", "cost_critic.film.2"} <= set(weights)
+    obs = t.obs[:8]
+    obs[:, -1] = -2.0  # 2.1.0's actuator offset
+    np.testing.assert_array_equal(load_policy(tmp_path / "cql").act(obs), load_policy(tmp_path / "cql").act(obs))
+    with pytest.raises(ValueError, match="conditioned on 3 context entries and this CQL on 0"):
+        train_cql(data, tmp_path / "plain", steps=1, init_actor=tmp_path / "bc", context_dim=0, **TINY)
+    train_bc(data, tmp_path / "plain-bc", steps=1, context_dim=0, **TINY)
+    assert read_config(tmp_path / "plain-bc")["config"]["context_dim"] == 0
+
+
 def test_loading_refuses_a_directory_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         load_policy(tmp_path)

@@ -22,6 +22,8 @@ from arl_models.replay import Batch
 class BCConfig:
     seed: int = 0
     hidden: tuple[int, ...] = (256, 256)
+    context_dim: int = 0
+    """Entries at the end of the observation that FiLM-condition the actor (``SACConfig.context_dim``)."""
     policy: Literal["deterministic", "gaussian"] = "gaussian"
     """``deterministic``: mean-squared error; ``gaussian``: negative log-likelihood."""
     lr: float = 1e-3
@@ -53,7 +55,7 @@ class BC:
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.device = torch.device(device)
         actor_cls = TanhGaussianActor if cfg.policy == "gaussian" else DeterministicActor
-        self.actor: Actor = actor_cls(obs_dim, act_dim, cfg.hidden).to(self.device)
+        self.actor: Actor = actor_cls(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
         self.actor_opt = adam(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
 

@@ -30,6 +30,9 @@ class SACConfig:
     seed: int = 0
     hidden: tuple[int, ...] = (256, 256)
     """Hidden layer sizes of actor and critics."""
+    context_dim: int = 0
+    """The last ``context_dim`` observation entries are a context (the ``2.x`` versions' observed plant:
+    3) that FiLM-modulates every hidden layer of actor and critics (``nets.py``); 0: no conditioning."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
@@ -67,8 +70,8 @@ class SAC:
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.device = torch.device(device)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -float(act_dim)
-        self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden).to(self.device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
+        self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_temp = nn.Parameter(torch.tensor(math.log(cfg.init_temperature), device=self.device))
         self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr)
@@ -76,7 +79,7 @@ class SAC:
         self.temp_opt = adam([self.log_temp], lr=cfg.temp_lr)
         self.cost_critic: EnsembleCritic | None = None
         if cfg.learn_cost:
-            self.cost_critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics).to(self.device)
+            self.cost_critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
             self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
         self.lagrangian = PIDLagrangian(cfg.pid)

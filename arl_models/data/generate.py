@@ -120,7 +120,7 @@ def _save_behaviour(out, spec, env_rec, rec, snapshots, random_return, cfg) -> P
     out.mkdir(parents=True, exist_ok=True)
     actor_rec = {"algo": "sac", "config": dataclasses.asdict(cfg.sac), "env": env_rec}
     for name, snap in (("expert", expert), ("medium", medium)):
-        actor = TanhGaussianActor(env_rec["obs_dim"], env_rec["action_dim"], cfg.sac.hidden)
+        actor = TanhGaussianActor(env_rec["obs_dim"], env_rec["action_dim"], cfg.sac.hidden, cfg.sac.context_dim)
         actor.load_state_dict(snap["state"])
         save_policy(out / name, actor, actor_rec | {"snapshot_step": snap["step"], "policy_hash": snap["hash"]})
     t = rec.to_transitions(spec.env_version, cfg.sac.seed)

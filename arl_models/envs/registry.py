@@ -57,6 +57,19 @@ class TaskSpec:
     def key(self) -> str:
         return f"{self.name}@{self.env_version}"
 
+    @property
+    def context_dim(self) -> int:
+        """Entries at the end of each observation that describe the plant (0 unless it is observed)."""
+        return len(self.dynamics.offsets()) if self.observe_dynamics else 0
+
+
+def context_dim_of(task: str, env_version: str | None = None) -> int:
+    """:attr:`TaskSpec.context_dim` of a registered task; 0 for one this registry does not know."""
+    try:
+        return get_task(task, env_version).context_dim
+    except KeyError:
+        return 0
+
 
 _REGISTRY: dict[str, dict[str, TaskSpec]] = {}
 

@@ -42,6 +42,8 @@ class WorkerSpec:
     chunk_steps: int = 64
     """Steps of every environment per chunk (a chunk has ``chunk_steps * envs_per_worker`` rows)."""
     envs_per_worker: int = 1
+    context_dim: int = 0
+    """The actor's FiLM context (``SACConfig.context_dim``)."""
 
     def stream_seed(self, worker: int, incarnation: int) -> int:
         return (self.seed * 1_000_003 + worker * 10_007 + incarnation * 101) % (2**31)
@@ -49,7 +51,7 @@ class WorkerSpec:
 
 def actor_size(spec: WorkerSpec) -> int:
     """Number of float32 values in the actor's flat weights."""
-    return sum(p.numel() for p in TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden).state_dict().values())
+    return sum(p.numel() for p in TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden, spec.context_dim).state_dict().values())
 
 
 def flatten(state: dict[str, torch.Tensor]) -> np.ndarray:
@@ -101,7 +103,7 @@ class Collector:
         task = get_task(spec.task)
         self.env_version = task.env_version
         self.envs = [make_env(task) for _ in range(spec.envs_per_worker)]
-        self.actor = TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden)
+        self.actor = TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden, spec.context_dim)
         self.scaler = ActionScaler(np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
         self.seed = spec.stream_seed(worker, incarnation)
         self.gen = torch.Generator().manual_seed(self.seed)
