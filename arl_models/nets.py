@@ -62,8 +62,8 @@ class ConditionedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x[..., -self.context_dim :]
         x = film(x, c @ self.film[0])
-        for layer, w in zip(self.layers, self.film[1:], strict=True):
-            x = film(torch.relu(layer(x)), c @ w)
+        for i, layer in enumerate(self.layers, start=1):  # indexed: a slice of a ParameterList re-wraps the
+            x = film(torch.relu(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
         return x
 
 
@@ -111,8 +111,8 @@ class EnsembleCritic(nn.Module):
             return self.out(x).squeeze(-1)  # (E, B)
         c = obs[..., -self.context_dim :]  # (B, k)
         x = film(x, torch.matmul(c, self.film[0]))  # (B, k) @ (E, k, 2D) -> (E, B, 2D): now per member
-        for layer, w in zip(self.hidden, self.film[1:], strict=True):
-            x = film(torch.relu(layer(x)), torch.matmul(c, w))
+        for i, layer in enumerate(self.hidden, start=1):  # indexed, as in ConditionedMLP
+            x = film(torch.relu(layer(x)), torch.matmul(c, self.film[i]))
         return self.out(x).squeeze(-1)
 
 

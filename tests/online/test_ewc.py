@@ -101,6 +101,21 @@ def test_penalty_gradient_reaches_only_the_penalised_network():
     assert algo.actor.mu.bias.grad is not None
 
 
+def test_fisher_leaves_the_modulation_rows_of_unvaried_plant_entries_free():
+    """With FiLM, the Fisher of a row of ``W`` is zero on data whose context entry is 0 (the nominal plant,
+    or a version that varies other entries): EWC holds the shared weights and leaves that row to a later
+    version that varies it (2.1.0's actuator, 2.2.0's mass)."""
+    algo = CalQL(5, 1, CalQLConfig(hidden=(8,), context_dim=2))
+    obs, act = torch.randn(32, 5), torch.rand(32, 1) * 2 - 1
+    obs[:, -2] = 0.0  # the first context entry at nominal, the second varied
+    fisher = compute_fisher(algo, obs, act, EWCConfig())
+    film = {k: v for k, v in fisher.items() if ".film." in k}
+    assert set(film) == {f"{n}.film.{i}" for n in ("actor.trunk", "critic", "cost_critic") for i in (0, 1)}
+    for k, f in film.items():
+        rows = f[..., 0, :], f[..., 1, :]  # (k, 2D) for the actor, (E, k, 2D) for the critics
+        assert torch.count_nonzero(rows[0]) == 0 and torch.count_nonzero(rows[1]) > 0, k
+
+
 def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
     algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
     obs, act = torch.randn(16, 3), torch.rand(16, 1) * 2 - 1
