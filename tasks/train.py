@@ -50,7 +50,8 @@ def library_config(stage: str, preset: str) -> dict[str, Any]:
 
         return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
     cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
-    return {"config": dataclasses.asdict(cfg), "default_steps": steps}
+    # the conditioning follows the dataset's task (arl_models.offline.conditioning); the run is tagged with it
+    return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps}
 
 
 def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_key: str | None) -> str:
@@ -220,6 +221,9 @@ def train_stage(
                 )
         _log_curves(run_id, out, tracking_uri)
         c = tracking.client(tracking_uri)
+        trained = json.loads((out / "config.json").read_text())["config"]
+        if "context_dim" in trained:
+            c.set_tag(run_id, "arl.context_dim", str(trained["context_dim"]))
         c.log_artifact(run_id, str(out / "config.json"), artifact_path="checkpoint")
         c.log_artifact(run_id, str(out / "metrics.json"), artifact_path="checkpoint")
     except BaseException:

@@ -60,6 +60,8 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     plots = {a.path for a in c.list_artifacts(cql.info.run_id, "plots")}
     assert plots == {"plots/learning_curve.png", "plots/cost_curve.png"}
     assert cql.data.params["seed"] == "0" and cql.data.params["algo.conservative_weight"]
+    # 1.0.0 observes no plant: the trained networks are unconditioned, and the run says so
+    assert cql.data.params["algo.context_dim"] == "task" and cql.data.tags["arl.context_dim"] == "0"
 
     # the registry: every stage's policy, with its trace tags, loadable for inference
     mv = c.get_model_version(MODEL, champion)
