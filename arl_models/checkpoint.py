@@ -213,7 +213,7 @@ def load_policy(path: str | Path) -> Policy:
     actor = cls(env["obs_dim"], env["action_dim"], hidden, cfg.get("context_dim", 0))
     weights = load_file(str(Path(path) / WEIGHTS))
     actor.load_state_dict({k[len("actor.") :]: v for k, v in weights.items() if k.startswith("actor.")})
-    scaler = ActionScaler(np.asarray(env["action_low"], np.float32), np.asarray(env["action_high"], np.float32))
+    scaler = ActionScaler.of(env["action_low"], env["action_high"])
     return Policy(actor, scaler, record)
 
 

@@ -111,7 +111,7 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
 
 
 def _scaler(info: DatasetInfo) -> ActionScaler:
-    return ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
+    return ActionScaler.of(info.action_low, info.action_high)
 
 
 def earlier_buffer(previous: list[Path], new: DatasetInfo) -> ReplayBuffer:

@@ -9,7 +9,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from arl_models.algos.bc import BC, BCConfig
@@ -80,7 +79,7 @@ def _run(
 ) -> dict[str, float]:
     preset = get_preset(preset_name)
     out = Path(out)
-    scaler = ActionScaler(np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32))
+    scaler = ActionScaler.of(info.action_low, info.action_high)
     buffer = ReplayBuffer.from_transitions(t, scaler)
     batch_size = algo.cfg.batch_size
     record = config_record(algo, env_record(info), dataset_record(data, info)) | {"preset": preset_name, **(extra or {})}

@@ -344,7 +344,7 @@ def finetune(
     data = data or rec_from["dataset"]["path"]
     algo = build_algo(rec_from, cfg, regularizer)
     env = _env_record(rec_from, spec, budget, data)
-    scaler = ActionScaler(np.asarray(env["action_low"], np.float32), np.asarray(env["action_high"], np.float32))
+    scaler = ActionScaler.of(env["action_low"], env["action_high"])
     offline, offline_mc = _offline_buffer(data, scaler, algo.cfg.gamma)
     online: ReplayBuffer | PrioritizedReplay = (
         ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"]) if cfg.prioritized is None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from arl_models.data.dataset import Transitions
 
@@ -37,6 +38,11 @@ class ActionScaler:
 
     low: np.ndarray
     high: np.ndarray
+
+    @classmethod
+    def of(cls, low: ArrayLike, high: ArrayLike) -> ActionScaler:
+        """From bounds in any form (a record's lists), held as float32 arrays."""
+        return cls(np.asarray(low, np.float32), np.asarray(high, np.float32))
 
     def normalize(self, a: np.ndarray) -> np.ndarray:
         return (2.0 * (a - self.low) / (self.high - self.low) - 1.0).astype(np.float32)

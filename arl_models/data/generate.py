@@ -75,7 +75,7 @@ def _env_record(spec: TaskSpec) -> dict[str, Any]:
 def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: bool = True) -> Path:
     """Train SAC online; save expert and medium actors, the replay, and the reference returns."""
     env_rec = _env_record(spec)
-    scaler = ActionScaler(np.asarray(env_rec["action_low"], np.float32), np.asarray(env_rec["action_high"], np.float32))
+    scaler = ActionScaler.of(env_rec["action_low"], env_rec["action_high"])
     sac = SAC(env_rec["obs_dim"], env_rec["action_dim"], cfg.sac)
     buffer = ReplayBuffer(cfg.steps, env_rec["obs_dim"], env_rec["action_dim"])
     rec = TransitionRecorder()

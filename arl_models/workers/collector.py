@@ -104,7 +104,7 @@ class Collector:
         self.env_version = task.env_version
         self.envs = [make_env(task) for _ in range(spec.envs_per_worker)]
         self.actor = TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden, spec.context_dim)
-        self.scaler = ActionScaler(np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
+        self.scaler = ActionScaler.of(spec.action_low, spec.action_high)
         self.seed = spec.stream_seed(worker, incarnation)
         self.gen = torch.Generator().manual_seed(self.seed)
         self.resets = 0
