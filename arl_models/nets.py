@@ -5,14 +5,13 @@ one batched matmul (``torch.baddbmm``) per layer: one fused pass, not a Python l
 Actors work in the normalised action space [-1, 1]; the environment boundary rescales.
 
 With ``context_dim`` k > 0 the last k observation entries are a context (the observed plant of the
-``2.x`` task versions: its dynamics offsets, 0 at nominal) that modulates every hidden layer of actor and
-critics, FiLM (Perez et al., "FiLM: Visual Reasoning with a General Conditioning Layer", AAAI 2018):
-``x <- x * (1 + W_g c) + W_b c`` on the input of every linear layer, the network's own input included.
-A plant that needs the opposite action is then a change of sign (the action's column of a critic's
-input, the features under an actor's head), not a new region of the input space that one shared network
-must carve out. ``W`` starts at zero and
-has no bias, so at context 0 a conditioned network computes exactly what the unconditioned one does and
-data of the nominal plant leave ``W`` untouched (its gradient is proportional to ``c``).
+``2.x`` task versions: its dynamics offsets, 0 at nominal) that modulates the input of every linear layer
+of actor and critics, the network's own input included, FiLM (Perez et al., "FiLM: Visual Reasoning with
+a General Conditioning Layer", AAAI 2018): ``x <- x * (1 + W_g c) + W_b c``. A plant that needs the
+opposite action is then a change of sign (the action's column of a critic's input, the features under an
+actor's head), not a new region of the input space that one shared network must carve out. ``W`` starts
+at zero and has no bias, so at context 0 a conditioned network computes exactly what the unconditioned
+one does, and data of the nominal plant leave ``W`` untouched (its gradient is proportional to ``c``).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.
     return nn.Sequential(*layers)
 
 
-def film(h: torch.Tensor, gamma_beta: torch.Tensor) -> torch.Tensor:
+def modulate(h: torch.Tensor, gamma_beta: torch.Tensor) -> torch.Tensor:
     """``h * (1 + gamma) + beta`` with ``gamma_beta`` the two halves along the last axis."""
     gamma, beta = gamma_beta.chunk(2, dim=-1)
     return torch.addcmul(h + beta, h, gamma)
@@ -61,9 +60,9 @@ class ConditionedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x[..., -self.context_dim :]
-        x = film(x, c @ self.film[0])
+        x = modulate(x, c @ self.film[0])
         for i, layer in enumerate(self.layers, start=1):  # indexed: a slice of a ParameterList re-wraps the
-            x = film(torch.relu(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
+            x = modulate(torch.relu(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
         return x
 
 
@@ -110,9 +109,9 @@ class EnsembleCritic(nn.Module):
                 x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
             return self.out(x).squeeze(-1)  # (E, B)
         c = obs[..., -self.context_dim :]  # (B, k)
-        x = film(x, torch.matmul(c, self.film[0]))  # (B, k) @ (E, k, 2D) -> (E, B, 2D): now per member
+        x = modulate(x, torch.matmul(c, self.film[0]))  # (B, k) @ (E, k, 2D) -> (E, B, 2D): now per member
         for i, layer in enumerate(self.hidden, start=1):  # indexed, as in ConditionedMLP
-            x = film(torch.relu(layer(x)), torch.matmul(c, self.film[i]))
+            x = modulate(torch.relu(layer(x)), torch.matmul(c, self.film[i]))
         return self.out(x).squeeze(-1)
 
 

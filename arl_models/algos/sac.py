@@ -32,7 +32,7 @@ class SACConfig:
     """Hidden layer sizes of actor and critics."""
     context_dim: int = 0
     """The last ``context_dim`` observation entries are a context (the ``2.x`` versions' observed plant:
-    3) that FiLM-modulates every hidden layer of actor and critics (``nets.py``); 0: no conditioning."""
+    3) that FiLM-modulates the input of every layer of actor and critics (``nets.py``); 0: none."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
