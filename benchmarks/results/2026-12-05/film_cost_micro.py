@@ -1,9 +1,17 @@
-"""Update rate of CQL with and without FiLM conditioning, interleaved in one process (2.x pendulum shapes)."""
-import time, torch
-torch.set_num_threads(1)
+"""Update rate of CQL with and without FiLM conditioning, interleaved in one process (2.x pendulum shapes).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/results/2026-12-05/film_cost_micro.py
+"""
+
+import time
+
+import numpy as np
+import torch
+
 from arl_models.algos.cql import CQL, CQLConfig
 from arl_models.replay import ReplayBuffer
-import numpy as np
+
+torch.set_num_threads(1)
 rng = np.random.default_rng(0)
 buf = ReplayBuffer(10000, 6, 1)
 buf.add(obs=rng.normal(size=(10000, 6)).astype(np.float32), act=rng.uniform(-1, 1, (10000, 1)).astype(np.float32),
@@ -12,7 +20,7 @@ buf.add(obs=rng.normal(size=(10000, 6)).astype(np.float32), act=rng.uniform(-1, 
 for h in (64, 128):
     algos = {k: CQL(6, 1, CQLConfig(hidden=(h, h), context_dim=k, n_action_samples=4)) for k in (0, 3)}
     t = {0: 0.0, 3: 0.0}
-    for r in range(6):
+    for r in range(6):  # round 0 warms up; the others alternate plain and FiLM 50 updates at a time
         for k, a in algos.items():
             t0 = time.perf_counter()
             for _ in range(50):
