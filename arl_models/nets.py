@@ -62,7 +62,7 @@ class ConditionedMLP(nn.Module):
         c = x[..., -self.context_dim :]
         x = modulate(x, c @ self.film[0])
         for i, layer in enumerate(self.layers, start=1):  # indexed: a slice of a ParameterList re-wraps the
-            x = modulate(torch.relu(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
+            x = modulate(torch.relu_(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
         return x
 
 
@@ -104,15 +104,14 @@ class EnsembleCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, act], dim=-1)  # (B, O+A)
-        if self.film is None:
-            for layer in self.hidden:
-                x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
-            return self.out(x).squeeze(-1)  # (E, B)
-        c = obs[..., -self.context_dim :]  # (B, k)
-        x = modulate(x, torch.matmul(c, self.film[0]))  # (B, k) @ (E, k, 2D) -> (E, B, 2D): now per member
+        c = obs[..., -self.context_dim :]  # (B, k), used only with FiLM
+        if self.film is not None:  # (B, k) @ (E, k, 2D) -> (E, B, 2D): x is per member from here
+            x = modulate(x, torch.matmul(c, self.film[0]))
         for i, layer in enumerate(self.hidden, start=1):  # indexed, as in ConditionedMLP
-            x = modulate(torch.relu(layer(x)), torch.matmul(c, self.film[i]))
-        return self.out(x).squeeze(-1)
+            x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
+            if self.film is not None:
+                x = modulate(x, torch.matmul(c, self.film[i]))
+        return self.out(x).squeeze(-1)  # (E, B)
 
 
 class DeterministicActor(nn.Module):

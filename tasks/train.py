@@ -221,9 +221,9 @@ def train_stage(
                 )
         _log_curves(run_id, out, tracking_uri)
         c = tracking.client(tracking_uri)
-        trained = json.loads((out / "config.json").read_text())["config"]
-        if "context_dim" in trained:
-            c.set_tag(run_id, "arl.context_dim", str(trained["context_dim"]))
+        from arl_models.checkpoint import read_config
+
+        c.set_tag(run_id, "arl.context_dim", str(read_config(out)["config"].get("context_dim", 0)))
         c.log_artifact(run_id, str(out / "config.json"), artifact_path="checkpoint")
         c.log_artifact(run_id, str(out / "metrics.json"), artifact_path="checkpoint")
     except BaseException:
