@@ -193,3 +193,14 @@ def adam(params, lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
     """Adam with the fused kernel: one pass over each parameter instead of about ten element-wise
     ops (measured here: 5 ms against 158 ms per step for twelve 256x256 tensors on a loaded CPU)."""
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
+
+
+def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """:func:`adam` over a network, its FiLM weights (parameters named ``film``) at ``context_lr_scale``
+    times ``lr``. At scale 1 there is one parameter group, as for an unconditioned network."""
+    if context_lr_scale == 1.0:
+        return adam(net.parameters(), lr, weight_decay)
+    named = list(net.named_parameters())
+    film = [p for name, p in named if "film" in name.split(".")]
+    rest = [p for name, p in named if "film" not in name.split(".")]
+    return adam([{"params": rest}, {"params": film, "lr": lr * context_lr_scale}], lr, weight_decay)

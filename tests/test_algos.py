@@ -130,6 +130,25 @@ def test_nominal_data_leave_the_modulation_weights_untouched():
     assert all(torch.count_nonzero(p) == 0 for p in film)
 
 
+def test_modulation_weights_learn_at_their_own_rate(tmp_path):
+    """Adam's first step moves every weight with a gradient by its learning rate: the FiLM weights by
+    ``context_lr_scale`` times the network's, the others by the network's; a checkpoint keeps both."""
+    from arl_models.checkpoint import load_train_state, save_checkpoint
+
+    cfg = CQLConfig(**SMALL, n_action_samples=4, context_dim=1, context_lr_scale=10.0)
+    algo = CQL(3, 1, cfg)
+    before = {n: p.detach().clone() for n, p in algo.critic.named_parameters()}
+    algo.update(make_buffer().sample(32))
+    for name, p in algo.critic.named_parameters():
+        lr = cfg.critic_lr * (10.0 if name.startswith("film.") else 1.0)
+        assert (p - before[name]).abs().max().item() == pytest.approx(lr, rel=1e-3), name
+    save_checkpoint(tmp_path, algo, {"config": dataclasses.asdict(cfg)})
+    again = CQL(3, 1, cfg)
+    load_train_state(tmp_path, again)
+    assert [g["lr"] for g in again.critic_opt.param_groups] == [cfg.critic_lr, 10.0 * cfg.critic_lr]
+    assert len(CQL(3, 1, dataclasses.replace(cfg, context_lr_scale=1.0)).critic_opt.param_groups) == 1
+
+
 def test_context_dim_must_leave_a_state():
     with pytest.raises(ValueError, match="context_dim must lie in \\[0, 3\\) for observations of 3 entries, got 3"):
         EnsembleCritic(3, 1, (8,), context_dim=3)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from arl_models.lagrange import PIDConfig, PIDLagrangian
-from arl_models.nets import EnsembleCritic, TanhGaussianActor, adam, soft_update
+from arl_models.nets import EnsembleCritic, TanhGaussianActor, adam, network_adam, soft_update
 from arl_models.replay import Batch
 
 
@@ -33,6 +33,10 @@ class SACConfig:
     context_dim: int = 0
     """The last ``context_dim`` observation entries are a context (the ``2.x`` versions' observed plant:
     3) that FiLM-modulates the input of every layer of actor and critics (``nets.py``); 0: none."""
+    context_lr_scale: float = 1.0
+    """The FiLM weights learn at this multiple of their network's learning rate. They start at zero, and
+    Adam moves a weight about one learning rate a step, so a plant that needs them at order 1 waits
+    thousands of steps at the shared rate while the shared weights rewrite themselves instead."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
@@ -74,14 +78,14 @@ class SAC:
         self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_temp = nn.Parameter(torch.tensor(math.log(cfg.init_temperature), device=self.device))
-        self.actor_opt = adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_opt = adam(self.critic.parameters(), lr=cfg.critic_lr)
+        self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
+        self.critic_opt = network_adam(self.critic, cfg.critic_lr, cfg.context_lr_scale)
         self.temp_opt = adam([self.log_temp], lr=cfg.temp_lr)
         self.cost_critic: EnsembleCritic | None = None
         if cfg.learn_cost:
             self.cost_critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
-            self.cost_opt = adam(self.cost_critic.parameters(), lr=cfg.critic_lr)
+            self.cost_opt = network_adam(self.cost_critic, cfg.critic_lr, cfg.context_lr_scale)
         self.lagrangian = PIDLagrangian(cfg.pid)
         self.constraint_obs: torch.Tensor | None = None
         self.td_error: torch.Tensor | None = None
