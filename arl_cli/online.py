@@ -96,6 +96,8 @@ def continual_cmd(
     online_steps: Annotated[int, typer.Option(help="Online fine-tuning steps on the new env version (0: offline only).")] = 0,
     baseline: Annotated[bool, typer.Option(help="Also train the naive (no penalty) baseline.")] = True,
     eval_episodes: int = 10,
+    eval_every: Annotated[int, typer.Option(help="Evaluate on every version each this many offline steps, a multiple "
+                                            "of 500 (curves in metrics.jsonl; 0: the final evaluation only).")] = 0,
     seed: Seed = 0,
 ) -> None:
     """EWC continual learning (stage 4): train on a new version, report per-version scores and forgetting."""
@@ -107,7 +109,8 @@ def continual_cmd(
     try:
         networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip()) if ewc_networks else NETWORKS
         cfg = ContinualConfig(seed=seed, steps=steps, ewc=EWCConfig(weight=ewc_weight, decay=decay, seed=seed, networks=networks),
-                              rehearsal=rehearsal, online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes)
+                              rehearsal=rehearsal, online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes,
+                              eval_every=eval_every)
         report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)
     except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
         _fail(str(e))

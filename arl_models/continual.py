@@ -49,7 +49,7 @@ from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import evaluate
 from arl_models.metrics import MetricSink
-from arl_models.offline import cql_cost_limit, dataset_record, env_record
+from arl_models.offline import cql_cost_limit, dataset_record, env_record, live_eval
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
 from arl_models.replay import ActionScaler, Batch, ReplayBuffer
 from arl_models.train import fit
@@ -73,11 +73,17 @@ class ContinualConfig:
     baseline: bool = True
     """Also train naive sequential fine-tuning (no penalty, no rehearsal) and report it."""
     eval_episodes: int = 10
+    eval_every: int = 0
+    """Every this many offline steps, evaluate the live policy on every version (``eval/TASK@VERSION/...``
+    in the metrics: forgetting and learning as curves); 0: only the final evaluation."""
     log_every: int = 500
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rehearsal < 1.0:
             raise ValueError(f"continual: rehearsal is a share of the batch in [0, 1), got {self.rehearsal}")
+        if self.eval_every and self.eval_every % self.log_every:
+            raise ValueError(f"continual: eval_every ({self.eval_every}) must be a multiple of log_every ({self.log_every}), "
+                             "where evaluations are logged")
 
 
 def version_key(info: DatasetInfo) -> str:
@@ -153,9 +159,19 @@ def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCC
     return penalty
 
 
+def every_version(algo: CalQL, infos: list[DatasetInfo], episodes: int) -> Callable[[], dict[str, float]]:
+    """The live policy's evaluation on each version (the registered ones), keyed ``eval/TASK@VERSION/``."""
+    runs = [live_eval(algo, _scaler(i), i, episodes, f"eval/{version_key(i)}/") for i in infos]
+
+    def run() -> dict[str, float]:
+        return {k: v for r in runs if r is not None for k, v in r().items()}
+
+    return run
+
+
 def _train_branch(
     from_dir: Path, data: Path, out: Path, previous: list[Path], cfg: ContinualConfig, use_ewc: bool,
-    sink: MetricSink | None, progress: bool,
+    sink: MetricSink | None, progress: bool, infos: list[DatasetInfo],
 ) -> Path:
     """Offline CQL on the new data (with or without EWC), then optionally online fine-tuning; returns the
     final checkpoint directory."""
@@ -183,6 +199,7 @@ def _train_branch(
         "continual_config": asdict(cfg),
     }
     fit(algo, sample, cfg.steps, offline_out, record, sink=sink,
+        evaluate=every_version(algo, infos, cfg.eval_episodes) if cfg.eval_every else None, eval_every=cfg.eval_every,
         log_every=cfg.log_every, save_every=max(cfg.steps // 4, 1), progress=progress,
         desc=f"continual {'ewc' if use_ewc else 'naive'} {version_key(info)}")
     if cfg.online_steps <= 0:
@@ -242,13 +259,13 @@ def train_continual(
         previous = rec.get("continual", {}).get("datasets") or [rec["dataset"]["path"]]
     prev = [Path(p) for p in previous]
     infos = [read_dataset(p)[1] for p in [*prev, data]]
-    final = _train_branch(from_dir, data, out, prev, config, True, sink, progress)
+    final = _train_branch(from_dir, data, out, prev, config, True, sink, progress, infos)
     report: dict[str, Any] = {"config": asdict(config), "from": str(from_dir), "data": str(data), "previous": [str(p) for p in prev]}
     report["ewc"] = _report(from_dir, final, infos, config.eval_episodes)
     _write_chain_record(final, report["ewc"], [*prev, data])
     if config.baseline:
         nstart = Path(naive_from) if naive_from else from_dir
-        nfinal = _train_branch(nstart, data, out / "naive", prev, config, False, None, progress)
+        nfinal = _train_branch(nstart, data, out / "naive", prev, config, False, None, progress, infos)
         report["naive"] = _report(nstart, nfinal, infos, config.eval_episodes)
         _write_chain_record(nfinal, report["naive"], [*prev, data])
         nf = report["naive"]["mean_forgetting"]

@@ -56,7 +56,7 @@ def evaluate_checkpoint(
     return evaluate(policy.act, spec, episodes=episodes, seed=seed, ref_scores=refs)
 
 
-def _eval_fn(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: int):
+def live_eval(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: int, prefix: str = "eval/"):
     """Evaluate the live policy on the dataset's task, or ``None`` for an unregistered environment."""
     try:
         spec = get_task(info.task, info.env_version)
@@ -67,7 +67,7 @@ def _eval_fn(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: 
         refs = (info.ref_random_return, info.ref_expert_return)
 
     def run() -> dict[str, float]:
-        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=12345, ref_scores=refs).metrics()
+        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=12345, ref_scores=refs).metrics(prefix)
 
     return run
 
@@ -87,7 +87,7 @@ def _run(
     if prioritized is not None:
         record["prioritized"] = asdict(prioritized)
     episodes = preset.eval_episodes if eval_episodes is None else eval_episodes
-    evaluate_fn = _eval_fn(algo, scaler, info, episodes) if episodes > 0 else None
+    evaluate_fn = live_eval(algo, scaler, info, episodes) if episodes > 0 else None
     final = fit(
         algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
         log_every=preset.log_every, save_every=preset.save_every,

@@ -33,6 +33,14 @@ def criteria(ewc: dict, naive: dict) -> dict[str, bool]:
     }
 
 
+def curves(out: Path) -> dict[str, list[float]]:
+    """Per-version normalised scores from a stage's ``metrics.jsonl``, with the steps they were taken at."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    keys = sorted({k for r in rows for k in r if k.startswith("eval/") and k.endswith("/normalized_score")})
+    return {"step": [r["step"] for r in rows]} | {k.split("/")[1]: [r[k] for r in rows] for k in keys}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="safe-pendulum")
@@ -60,6 +68,8 @@ def main() -> None:
                         "with --ewc-weight 0 this is rehearsal alone)")
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate both chains on every version each this many steps of a stage (curves in the JSON)")
     p.add_argument("--no-constraint", action="store_true",
                    help="train the chain without the offline cost constraint, so scores measure forgetting alone")
     p.add_argument("--seed", type=int, default=0)
@@ -90,7 +100,8 @@ def main() -> None:
               init_actor=bc, constrained=not a.no_constraint, context_dim=a.context_dim)
     cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
                                                                  networks=tuple(a.ewc_networks or NETWORKS)),
-                          rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes)
+                          rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes,
+                          eval_every=a.eval_every)
     ewc_from, naive_from, steps = start, start, []
     for k in (1, 2):
         out = a.workdir / f"v{k}"
@@ -99,6 +110,8 @@ def main() -> None:
         steps.append({name: {key: rep[name][key] for key in ("start_scores", "scores", "forgetting", "mean_forgetting", "new_score", "best_earlier")}
                       for name in ("ewc", "naive")} | {"forgetting_ratio": rep["forgetting_ratio"], "new_score_ratio": rep["new_score_ratio"],
                                                        "criteria": criteria(rep["ewc"], rep["naive"])})
+        if a.eval_every:
+            steps[-1]["curves"] = {"ewc": curves(out), "naive": curves(out / "naive")}
         print(json.dumps(steps[-1], indent=2), flush=True)
         ewc_from, naive_from = out, out / "naive"
     report = {

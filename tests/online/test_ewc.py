@@ -127,9 +127,13 @@ def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
 
 def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pendulum_data, tmp_path):
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
-    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), rehearsal=0.5, eval_episodes=1, log_every=5)
+    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), rehearsal=0.5, eval_episodes=1, log_every=5, eval_every=5)
     report = train_continual(tiny_cql, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
     assert report["config"]["rehearsal"] == 0.5
+    for branch in (tmp_path / "cl", tmp_path / "cl" / "naive"):  # both learning curves, on every version
+        rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [5, 10]
+        assert all(np.isfinite(r[f"eval/safe-pendulum@{v}/normalized_score"]) for r in rows for v in ("1.0.0", "1.1.0"))
     for name in ("ewc", "naive"):
         r = report[name]
         assert r["versions"] == ["safe-pendulum@1.0.0", "safe-pendulum@1.1.0"]
@@ -164,3 +168,5 @@ def test_rehearsal_names_a_dataset_that_does_not_fit_and_a_share_out_of_range(pe
         earlier_buffer([pendulum_data], replace(info, obs_dim=5))
     with pytest.raises(ValueError, match=r"rehearsal is a share of the batch in \[0, 1\), got 1.0"):
         ContinualConfig(rehearsal=1.0)
+    with pytest.raises(ValueError, match=r"eval_every \(700\) must be a multiple of log_every \(500\)"):
+        ContinualConfig(eval_every=700)
