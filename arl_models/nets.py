@@ -197,10 +197,11 @@ def adam(params, lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
 
 def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weight_decay: float = 0.0) -> torch.optim.Adam:
     """:func:`adam` over a network, its FiLM weights (parameters named ``film``) at ``context_lr_scale``
-    times ``lr``. At scale 1 there is one parameter group, as for an unconditioned network."""
-    if context_lr_scale == 1.0:
-        return adam(net.parameters(), lr, weight_decay)
+    times ``lr``. A network without them, or scale 1, has one parameter group (the checkpoint format of
+    every network before the scale existed)."""
     named = list(net.named_parameters())
     film = [p for name, p in named if "film" in name.split(".")]
+    if context_lr_scale == 1.0 or not film:
+        return adam(net.parameters(), lr, weight_decay)
     rest = [p for name, p in named if "film" not in name.split(".")]
     return adam([{"params": rest}, {"params": film, "lr": lr * context_lr_scale}], lr, weight_decay)

@@ -146,7 +146,8 @@ def test_modulation_weights_learn_at_their_own_rate(tmp_path):
     again = CQL(3, 1, cfg)
     load_train_state(tmp_path, again)
     assert [g["lr"] for g in again.critic_opt.param_groups] == [cfg.critic_lr, 10.0 * cfg.critic_lr]
-    assert len(CQL(3, 1, dataclasses.replace(cfg, context_lr_scale=1.0)).critic_opt.param_groups) == 1
+    for one_group in (dataclasses.replace(cfg, context_lr_scale=1.0), dataclasses.replace(cfg, context_dim=0)):
+        assert len(CQL(3, 1, one_group).critic_opt.param_groups) == 1
 
 
 def test_context_dim_must_leave_a_state():
