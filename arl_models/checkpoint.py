@@ -81,8 +81,13 @@ def _optimizer_tensors(opts: dict[str, torch.optim.Optimizer]) -> tuple[dict[str
     return tensors, groups
 
 
-def _load_optimizers(opts: dict[str, torch.optim.Optimizer], tensors: dict[str, torch.Tensor], groups: dict) -> None:
+def _load_optimizers(opts: dict[str, torch.optim.Optimizer], tensors: dict[str, torch.Tensor], groups: dict, where: Path) -> None:
     for name, opt in opts.items():
+        if len(groups[name]) != len(opt.param_groups):
+            raise ValueError(f"{where}: the {name} optimizer was saved with {len(groups[name])} parameter group(s), this "
+                             f"configuration builds {len(opt.param_groups)} (a conditioned network trained before "
+                             "context_lr_scale existed has one: continue it with context_lr_scale 1.0, in its config.json "
+                             "for a continual or fine-tuning start)")
         state: dict[int, dict[str, torch.Tensor]] = {}
         prefix = f"opt.{name}."
         for k, v in tensors.items():
@@ -151,7 +156,7 @@ def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor
     tensors = load_file(str(d / "state.safetensors"))
     meta = json.loads((d / "state.json").read_text())
     load_model_state(algo, tensors)
-    _load_optimizers(algo.optimizers(), tensors, meta["param_groups"])
+    _load_optimizers(algo.optimizers(), tensors, meta["param_groups"], Path(out))
     algo.load_extra_state(meta["extra"])
     torch.set_rng_state(tensors["rng.torch"])
     return {k: v for k, v in tensors.items() if not k.startswith(("opt.", "rng.", "param."))}

@@ -57,8 +57,9 @@ def main() -> None:
     p.add_argument("--context-dim", type=int,
                    help="trailing observation entries that FiLM-condition the networks (default: the task's, 3 on the 2.x "
                         "versions; 0: unconditioned, as before stop 21)")
-    p.add_argument("--context-lr-scale", type=float, default=1.0,
-                   help="the FiLM weights' learning rate as a multiple of their network's (both chains)")
+    p.add_argument("--context-lr-scale", type=float,
+                   help="the FiLM weights' learning rate as a multiple of their network's, both chains (default: "
+                        "SACConfig's, 30; 1 as before stop 22)")
     p.add_argument("--ewc-weight", type=float, default=100.0)
     p.add_argument("--decay", type=float, default=0.9)
     p.add_argument("--ewc-networks", nargs="+",
@@ -90,7 +91,8 @@ def main() -> None:
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
     cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr, temp_lr=a.actor_lr,
-                    actor_warmup_steps=a.actor_warmup, context_lr_scale=a.context_lr_scale)
+                    actor_warmup_steps=a.actor_warmup,
+                    **({} if a.context_lr_scale is None else {"context_lr_scale": a.context_lr_scale}))
     bc = None
     if a.bc_steps > 0:
         bc = a.workdir / "v0-bc"

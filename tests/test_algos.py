@@ -148,6 +148,8 @@ def test_modulation_weights_learn_at_their_own_rate(tmp_path):
     assert [g["lr"] for g in again.critic_opt.param_groups] == [cfg.critic_lr, 10.0 * cfg.critic_lr]
     for one_group in (dataclasses.replace(cfg, context_lr_scale=1.0), dataclasses.replace(cfg, context_dim=0)):
         assert len(CQL(3, 1, one_group).critic_opt.param_groups) == 1
+    with pytest.raises(ValueError, match=r"optimizer was saved with 2 parameter group\(s\), this configuration builds 1"):
+        load_train_state(tmp_path, CQL(3, 1, dataclasses.replace(cfg, context_lr_scale=1.0)))
 
 
 def test_context_dim_must_leave_a_state():
