@@ -90,10 +90,10 @@ def version_key(info: DatasetInfo) -> str:
     return f"{info.task}@{info.env_version}"
 
 
-def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int) -> float:
+def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int = 12345) -> float:
     """Normalised score (or raw return without reference scores) of a checkpoint on a dataset's version."""
     policy = load_policy(policy_dir)
-    res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=12345)
+    res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=seed)
     if info.ref_random_return is None or info.ref_expert_return is None:
         return res.mean_return
     return info.normalized_score(res.mean_return)
@@ -161,10 +161,11 @@ def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCC
 
 def every_version(algo: CalQL, infos: list[DatasetInfo], episodes: int) -> Callable[[], dict[str, float]]:
     """The live policy's evaluation on each version (the registered ones), keyed ``eval/TASK@VERSION/``."""
-    runs = [live_eval(algo, _scaler(i), i, episodes, f"eval/{version_key(i)}/") for i in infos]
+    made = (live_eval(algo, _scaler(i), i, episodes, f"eval/{version_key(i)}/") for i in infos)
+    runs = [r for r in made if r is not None]
 
     def run() -> dict[str, float]:
-        return {k: v for r in runs if r is not None for k, v in r().items()}
+        return {k: v for r in runs for k, v in r().items()}
 
     return run
 

@@ -199,9 +199,10 @@ def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weigh
     """:func:`adam` over a network, its FiLM weights (parameters named ``film``) at ``context_lr_scale``
     times ``lr``. A network without them, or scale 1, has one parameter group (the checkpoint format of
     every network before the scale existed)."""
-    named = list(net.named_parameters())
-    film = [p for name, p in named if "film" in name.split(".")]
+    film: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
+    for name, p in net.named_parameters():
+        (film if "film" in name.split(".") else rest).append(p)
     if context_lr_scale == 1.0 or not film:
-        return adam(net.parameters(), lr, weight_decay)
-    rest = [p for name, p in named if "film" not in name.split(".")]
+        return adam(net.parameters(), lr, weight_decay)  # the module's order: what saved optimizer states index
     return adam([{"params": rest}, {"params": film, "lr": lr * context_lr_scale}], lr, weight_decay)

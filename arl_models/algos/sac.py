@@ -37,7 +37,7 @@ class SACConfig:
     """The FiLM weights learn at this multiple of their network's learning rate. They start at zero, and
     Adam moves a weight about one learning rate a step, so a plant that needs them at order 1 waits
     thousands of steps at the shared rate while the shared weights rewrite themselves instead (measured
-    on the observed Pendulum line, 1 against 10 and 30: benchmarks/README.md). No effect without FiLM."""
+    on the observed Pendulum line at 1, 10, 30 and 100: benchmarks/README.md). No effect without FiLM."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4

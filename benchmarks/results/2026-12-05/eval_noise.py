@@ -10,15 +10,11 @@ import sys
 import numpy as np
 import torch
 
-from arl_models.checkpoint import load_policy
+from arl_models.continual import score_on
 from arl_models.data.dataset import read_dataset
-from arl_models.envs.registry import get_task
-from arl_models.evaluate import evaluate
 
 torch.set_num_threads(1)
 ckpt, data = sys.argv[1], sys.argv[2]
 info = read_dataset(data)[1]
-policy = load_policy(ckpt)
-spec = get_task(info.task, info.env_version)
-scores = [info.normalized_score(evaluate(policy.act, spec, 20, seed=seed).mean_return) for seed in range(12345, 12355)]
+scores = [score_on(ckpt, info, 20, seed=seed) for seed in range(12345, 12355)]
 print(ckpt, info.env_version, " ".join(f"{v:.1f}" for v in scores), f"mean {np.mean(scores):.1f} sd {np.std(scores, ddof=1):.1f}")
