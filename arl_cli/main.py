@@ -145,12 +145,16 @@ Steps = Annotated[int | None, typer.Option(help="Gradient steps (preset default 
 ContextDim = Annotated[int | None, typer.Option(
     help="Trailing observation entries that describe the plant and condition the networks (FiLM); "
          "default: what the dataset's task observes (3 on the 2.x versions, else 0); 0 turns it off.")]
+ContextLrScale = Annotated[float | None, typer.Option(
+    help="Learning rate of the FiLM weights as a multiple of their network's (default: the preset's, 30; "
+         "1.0 for checkpoints trained before the scale existed).")]
 
 
 @train_app.command("bc")
 def train_bc_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
     policy: Annotated[str, typer.Option(help="gaussian | deterministic")] = "gaussian", context_dim: ContextDim = None,
+    context_lr_scale: ContextLrScale = None,
 ) -> None:
     """Behaviour cloning (stage 1)."""
     from dataclasses import replace
@@ -158,6 +162,8 @@ def train_bc_cmd(
     from arl_models.presets import get_preset
 
     cfg = replace(get_preset(preset).bc, policy=policy)
+    if context_lr_scale is not None:
+        cfg = replace(cfg, context_lr_scale=context_lr_scale)
     _train_common("bc", data, out, preset, seed, steps, config=cfg, context_dim=context_dim)
 
 
@@ -166,11 +172,16 @@ def train_cql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
     init_actor: Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
-    context_dim: ContextDim = None,
+    context_dim: ContextDim = None, context_lr_scale: ContextLrScale = None,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2)."""
+    from dataclasses import replace
+
+    from arl_models.presets import get_preset
+
+    cfg = None if context_lr_scale is None else replace(get_preset(preset).cql, context_lr_scale=context_lr_scale)
     _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
-                  context_dim=context_dim)
+                  context_dim=context_dim, config=cfg)
 
 
 @app.command("evaluate")

@@ -150,6 +150,8 @@ def test_modulation_weights_learn_at_their_own_rate(tmp_path):
         assert len(CQL(3, 1, one_group).critic_opt.param_groups) == 1
     with pytest.raises(ValueError, match=r"optimizer was saved with 2 parameter group\(s\), this configuration builds 1"):
         load_train_state(tmp_path, CQL(3, 1, dataclasses.replace(cfg, context_lr_scale=1.0)))
+    bc = BC(3, 1, BCConfig(**SMALL, context_dim=1, context_lr_scale=10.0))
+    assert [g["lr"] for g in bc.actor_opt.param_groups] == [bc.cfg.lr, 10.0 * bc.cfg.lr]
 
 
 def test_context_dim_must_leave_a_state():

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor, adam
+from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor, network_adam
 from arl_models.replay import Batch
 
 
@@ -24,6 +24,8 @@ class BCConfig:
     hidden: tuple[int, ...] = (256, 256)
     context_dim: int = 0
     """Entries at the end of the observation that FiLM-condition the actor (``SACConfig.context_dim``)."""
+    context_lr_scale: float = 30.0
+    """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
     policy: Literal["deterministic", "gaussian"] = "gaussian"
     """``deterministic``: mean-squared error; ``gaussian``: negative log-likelihood."""
     lr: float = 1e-3
@@ -56,7 +58,7 @@ class BC:
         self.device = torch.device(device)
         actor_cls = TanhGaussianActor if cfg.policy == "gaussian" else DeterministicActor
         self.actor: Actor = actor_cls(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
-        self.actor_opt = adam(self.actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.actor_opt = network_adam(self.actor, cfg.lr, cfg.context_lr_scale, cfg.weight_decay)
         self.step = 0
 
     def networks(self) -> dict[str, nn.Module]:
