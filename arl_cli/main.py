@@ -173,13 +173,18 @@ def train_cql_cmd(
     init_actor: Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
     context_dim: ContextDim = None, context_lr_scale: ContextLrScale = None,
+    conservative_weight: Annotated[float | None, typer.Option(
+        help="Weight of the conservative term (default: the preset's, 5). Narrow data, one expert policy, wants "
+             "more: 20 kept a behaviour-cloned start on Pendulum expert data (benchmarks/README.md).")] = None,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2)."""
     from dataclasses import replace
 
     from arl_models.presets import get_preset
 
-    cfg = None if context_lr_scale is None else replace(get_preset(preset).cql, context_lr_scale=context_lr_scale)
+    overrides = {k: v for k, v in (("context_lr_scale", context_lr_scale), ("conservative_weight", conservative_weight))
+                 if v is not None}
+    cfg = replace(get_preset(preset).cql, **overrides) if overrides else None
     _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
                   context_dim=context_dim, config=cfg)
 

@@ -39,13 +39,18 @@ def test_train_evaluate_roundtrip(tiny_dataset, tmp_path):
     assert {"mean_return", "normalized_score", "mean_cost", "over_budget_share"} <= payload.keys()
 
 
-def test_train_sets_the_modulation_learning_rate(tiny_dataset, tmp_path):
+def test_train_options_reach_the_config(tiny_dataset, tmp_path):
     for stage in ("bc", "cql"):
         out = tmp_path / stage
         res = runner.invoke(app, ["train", stage, "--data", str(tiny_dataset), "--out", str(out), "--steps", "2",
                                   "--context-dim", "1", "--context-lr-scale", "5"])
         assert res.exit_code == 0, res.output
         assert json.loads((out / "config.json").read_text())["config"]["context_lr_scale"] == 5.0
+    res = runner.invoke(app, ["train", "cql", "--data", str(tiny_dataset), "--out", str(tmp_path / "cw"), "--steps", "2",
+                              "--conservative-weight", "20"])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "cw" / "config.json").read_text())["config"]
+    assert config["conservative_weight"] == 20.0 and config["context_lr_scale"] == 30.0
 
 
 def test_bad_dataset_gives_a_clear_error(tmp_path):
