@@ -50,7 +50,8 @@ def main() -> None:
     p.add_argument("--cql-steps", type=int, default=3000, help="CQL steps on version 0")
     p.add_argument("--steps", type=int, default=2000, help="offline steps per new version")
     p.add_argument("--n-action-samples", type=int, default=4)
-    p.add_argument("--conservative-weight", type=float, default=5.0, help="CQL's conservative weight, every stage")
+    p.add_argument("--conservative-weight", type=float,
+                   help="CQL's conservative weight, every stage of both chains (default: CQLConfig's, 5)")
     p.add_argument("--actor-lr", type=float, default=3e-4, help="actor and temperature learning rate")
     p.add_argument("--actor-warmup", type=int, default=0,
                    help="steps of each stage in which the actor imitates the data while the critics learn")
@@ -92,9 +93,8 @@ def main() -> None:
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
     cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr, temp_lr=a.actor_lr,
-                    conservative_weight=a.conservative_weight,
                     actor_warmup_steps=a.actor_warmup,
-                    **({} if a.context_lr_scale is None else {"context_lr_scale": a.context_lr_scale}))
+                    **{k: v for k in ("context_lr_scale", "conservative_weight") if (v := getattr(a, k)) is not None})
     bc = None
     if a.bc_steps > 0:
         bc = a.workdir / "v0-bc"
