@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -126,6 +126,15 @@ def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = Fal
         typer.echo(f"{k:22s} {v}")
 
 
+def _preset_config(stage: str, preset: str, **fields: Any) -> Any:
+    """The preset's config of ``stage`` (``bc`` or ``cql``) with the fields the command line set (not None)."""
+    from dataclasses import replace
+
+    from arl_models.presets import get_preset
+
+    return replace(getattr(get_preset(preset), stage), **{k: v for k, v in fields.items() if v is not None})
+
+
 def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:
     from arl_models.data import DatasetError
     from arl_models.offline import train_bc, train_cql
@@ -157,13 +166,7 @@ def train_bc_cmd(
     context_lr_scale: ContextLrScale = None,
 ) -> None:
     """Behaviour cloning (stage 1)."""
-    from dataclasses import replace
-
-    from arl_models.presets import get_preset
-
-    cfg = replace(get_preset(preset).bc, policy=policy)
-    if context_lr_scale is not None:
-        cfg = replace(cfg, context_lr_scale=context_lr_scale)
+    cfg = _preset_config("bc", preset, policy=policy, context_lr_scale=context_lr_scale)
     _train_common("bc", data, out, preset, seed, steps, config=cfg, context_dim=context_dim)
 
 
@@ -178,13 +181,7 @@ def train_cql_cmd(
              "more: 20 kept a behaviour-cloned start on Pendulum expert data (benchmarks/README.md).")] = None,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2)."""
-    from dataclasses import replace
-
-    from arl_models.presets import get_preset
-
-    overrides = {k: v for k, v in (("context_lr_scale", context_lr_scale), ("conservative_weight", conservative_weight))
-                 if v is not None}
-    cfg = replace(get_preset(preset).cql, **overrides) if overrides else None
+    cfg = _preset_config("cql", preset, context_lr_scale=context_lr_scale, conservative_weight=conservative_weight)
     _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
                   context_dim=context_dim, config=cfg)
 

@@ -195,6 +195,10 @@ def adam(params, lr: float, weight_decay: float = 0.0) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
 
 
+CONTEXT_LR_SCALE = 30.0
+"""Default multiple of a network's learning rate for its FiLM weights (``SACConfig.context_lr_scale``)."""
+
+
 def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weight_decay: float = 0.0) -> torch.optim.Adam:
     """:func:`adam` over a network, its FiLM weights (parameters named ``film``) at ``context_lr_scale``
     times ``lr``. A network without them, or scale 1, has one parameter group (the checkpoint format of

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor, network_adam
+from arl_models.nets import CONTEXT_LR_SCALE, Actor, DeterministicActor, TanhGaussianActor, network_adam
 from arl_models.replay import Batch
 
 
@@ -24,7 +24,7 @@ class BCConfig:
     hidden: tuple[int, ...] = (256, 256)
     context_dim: int = 0
     """Entries at the end of the observation that FiLM-condition the actor (``SACConfig.context_dim``)."""
-    context_lr_scale: float = 30.0
+    context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
     policy: Literal["deterministic", "gaussian"] = "gaussian"
     """``deterministic``: mean-squared error; ``gaussian``: negative log-likelihood."""

@@ -21,7 +21,14 @@ import torch
 from torch import nn
 
 from arl_models.lagrange import PIDConfig, PIDLagrangian
-from arl_models.nets import EnsembleCritic, TanhGaussianActor, adam, network_adam, soft_update
+from arl_models.nets import (
+    CONTEXT_LR_SCALE,
+    EnsembleCritic,
+    TanhGaussianActor,
+    adam,
+    network_adam,
+    soft_update,
+)
 from arl_models.replay import Batch
 
 
@@ -33,7 +40,7 @@ class SACConfig:
     context_dim: int = 0
     """The last ``context_dim`` observation entries are a context (the ``2.x`` versions' observed plant:
     3) that FiLM-modulates the input of every layer of actor and critics (``nets.py``); 0: none."""
-    context_lr_scale: float = 30.0
+    context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights learn at this multiple of their network's learning rate. They start at zero, and
     Adam moves a weight about one learning rate a step, so a plant that needs them at order 1 waits
     thousands of steps at the shared rate while the shared weights rewrite themselves instead (measured
