@@ -128,11 +128,9 @@ def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = Fal
 
 def _preset_config(stage: str, preset: str, **fields: Any) -> Any:
     """The preset's config of ``stage`` (``bc`` or ``cql``) with the fields the command line set (not None)."""
-    from dataclasses import replace
+    from arl_models.presets import get_preset, with_given
 
-    from arl_models.presets import get_preset
-
-    return replace(getattr(get_preset(preset), stage), **{k: v for k, v in fields.items() if v is not None})
+    return with_given(getattr(get_preset(preset), stage), **fields)
 
 
 def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:

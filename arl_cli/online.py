@@ -87,8 +87,8 @@ def continual_cmd(
     previous: Annotated[list[Path] | None, typer.Option("--previous", help="Earlier versions' datasets, oldest first (repeatable).")] = None,
     naive_from: Annotated[Path | None, typer.Option(help="Where the naive baseline's chain continues from (default: --from).")] = None,
     steps: Annotated[int, typer.Option(help="Offline gradient steps on the new data.")] = 5_000,
-    ewc_weight: Annotated[float, typer.Option(help="EWC penalty weight.")] = 100.0,
-    decay: Annotated[float, typer.Option(help="Online EWC decay of the accumulated Fisher.")] = 0.9,
+    ewc_weight: Annotated[float | None, typer.Option(help="EWC penalty weight (default: EWCConfig's, 100).")] = None,
+    decay: Annotated[float | None, typer.Option(help="Online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9).")] = None,
     ewc_networks: Annotated[str | None, typer.Option(help="Networks the penalty holds, comma-separated, of actor, critic, "
                                                      "cost_critic (default: all; the policy alone: actor).")] = None,
     rehearsal: Annotated[float, typer.Option(help="Share of each offline batch drawn from the earlier versions' datasets "
@@ -105,10 +105,11 @@ def continual_cmd(
     from arl_models.algos.ewc import NETWORKS, EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
     from arl_models.data import DatasetError
+    from arl_models.presets import with_given
 
     try:
         networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip()) if ewc_networks else NETWORKS
-        cfg = ContinualConfig(seed=seed, steps=steps, ewc=EWCConfig(weight=ewc_weight, decay=decay, seed=seed, networks=networks),
+        cfg = ContinualConfig(seed=seed, steps=steps, ewc=with_given(EWCConfig(seed=seed, networks=networks), weight=ewc_weight, decay=decay),
                               rehearsal=rehearsal, online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes,
                               eval_every=eval_every)
         report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)

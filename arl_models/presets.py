@@ -4,9 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from arl_models.algos.bc import BCConfig
 from arl_models.algos.cql import CQLConfig
+
+C = TypeVar("C")
+
+
+def with_given(cfg: C, **fields: Any) -> C:
+    """``cfg`` with the fields a caller gave (not None) replaced: optional overrides from a command line or
+    a flow form, so that a default lives in its config class alone."""
+    return replace(cfg, **{k: v for k, v in fields.items() if v is not None})  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ def main() -> None:
     p.add_argument("--context-lr-scale", type=float,
                    help="the FiLM weights' learning rate as a multiple of their network's, both chains (default: "
                         "SACConfig's, 30; 1 as before stop 22)")
-    p.add_argument("--ewc-weight", type=float, default=100.0)
-    p.add_argument("--decay", type=float, default=0.9)
+    p.add_argument("--ewc-weight", type=float, help="EWC penalty weight (default: EWCConfig's, 100)")
+    p.add_argument("--decay", type=float, help="online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9)")
     p.add_argument("--ewc-networks", nargs="+",
                    help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)")
     p.add_argument("--rehearsal", type=float, default=0.0,
@@ -88,13 +88,14 @@ def main() -> None:
     from arl_models.algos.ewc import NETWORKS, EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
     from arl_models.offline import train_bc, train_cql
+    from arl_models.presets import with_given
 
     t0 = time.perf_counter()
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
-    cql = CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr, temp_lr=a.actor_lr,
-                    actor_warmup_steps=a.actor_warmup,
-                    **{k: v for k in ("context_lr_scale", "conservative_weight") if (v := getattr(a, k)) is not None})
+    cql = with_given(CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr,
+                               temp_lr=a.actor_lr, actor_warmup_steps=a.actor_warmup),
+                     context_lr_scale=a.context_lr_scale, conservative_weight=a.conservative_weight)
     bc = None
     if a.bc_steps > 0:
         bc = a.workdir / "v0-bc"
@@ -102,8 +103,8 @@ def main() -> None:
                  eval_episodes=0, context_dim=a.context_dim)
     train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
               init_actor=bc, constrained=not a.no_constraint, context_dim=a.context_dim)
-    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=EWCConfig(weight=a.ewc_weight, decay=a.decay, seed=a.seed,
-                                                                 networks=tuple(a.ewc_networks or NETWORKS)),
+    ewc = with_given(EWCConfig(seed=a.seed, networks=tuple(a.ewc_networks or NETWORKS)), weight=a.ewc_weight, decay=a.decay)
+    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=ewc,
                           rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes,
                           eval_every=a.eval_every)
     ewc_from, naive_from, steps = start, start, []
@@ -120,7 +121,8 @@ def main() -> None:
         ewc_from, naive_from = out, out / "naive"
     report = {
         "task": a.task, "datasets": [str(d) for d in a.data], "settings": vars(a) | {"data": [str(d) for d in a.data],
-                                                                                     "workdir": str(a.workdir), "json": str(a.json)},
+                                                                                     "workdir": str(a.workdir), "json": str(a.json),
+                                                                                     "ewc_weight": ewc.weight, "decay": ewc.decay},
         "steps": steps,
         "criteria": {k: all(st["criteria"][k] for st in steps) for k in steps[0]["criteria"]},
         "wall_s": time.perf_counter() - t0,

@@ -54,7 +54,9 @@ class TrainingConfig(BaseModel):
             "champion learned other versions; empty: the preset's; 0 skips it)."
         ),
     )
-    ewc_weight: float = Field(100.0, ge=0, description="Weight of the EWC penalty protecting earlier versions.")
+    ewc_weight: float | None = Field(
+        None, ge=0, description="Weight of the EWC penalty protecting earlier versions (empty: the library's, 100)."
+    )
     rehearsal: float = Field(
         0.0, ge=0, lt=1,
         description="Share of each EWC-stage batch drawn from the earlier versions' datasets (0: the new data alone).",

@@ -150,6 +150,7 @@ def _continual(
     """Stage 4: continue ``start`` on the new data with EWC over ``settings["previous"]``; measure forgetting."""
     from arl_models.algos.ewc import EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
+    from arl_models.presets import with_given
 
     if start is None or not settings.get("previous"):
         raise ValueError("the ewc stage needs the champion to continue (init_from) and its earlier datasets")
@@ -157,7 +158,7 @@ def _continual(
     cfg = ContinualConfig(
         seed=seed,
         steps=_target_steps("ewc", settings),
-        ewc=EWCConfig(weight=settings.get("ewc_weight", EWCConfig.weight), seed=seed),
+        ewc=with_given(EWCConfig(seed=seed), weight=settings.get("ewc_weight")),
         rehearsal=settings.get("rehearsal", 0.0),
         baseline=False,  # the naive baseline is the benchmark's business, not every run's
         eval_episodes=settings["forgetting_episodes"],

@@ -195,6 +195,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
 
     from flow_data import write_pendulum
 
+    from arl_models.algos.ewc import EWCConfig
     from flows.ingest import ingest_flow
     from flows.params import IngestSource
 
@@ -215,7 +216,9 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
     assert list(result["stages"]) == ["bc", "cql", "finetune", "ewc"]
     ewc = result["stages"]["ewc"]
-    assert json.loads((Path(ewc["checkpoint"]) / "config.json").read_text())["continual_config"]["rehearsal"] == 0.5
+    continual_config = json.loads((Path(ewc["checkpoint"]) / "config.json").read_text())["continual_config"]
+    assert continual_config["rehearsal"] == 0.5
+    assert continual_config["ewc"]["weight"] == EWCConfig.weight  # the form's empty weight: the library's default
     forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
     assert math.isfinite(forgetting)
     run = _children(result["run_id"])["ewc"]
