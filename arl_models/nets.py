@@ -6,12 +6,14 @@ Actors work in the normalised action space [-1, 1]; the environment boundary res
 
 With ``context_dim`` k > 0 the last k observation entries are a context (the observed plant of the
 ``2.x`` task versions: its dynamics offsets, 0 at nominal) that modulates the input of every linear layer
-of actor and critics, the network's own input included, FiLM (Perez et al., "FiLM: Visual Reasoning with
-a General Conditioning Layer", AAAI 2018): ``x <- x * (1 + W_g c) + W_b c``. A plant that needs the
-opposite action is then a change of sign (the action's column of a critic's input, the features under an
-actor's head), not a new region of the input space that one shared network must carve out. ``W`` starts
-at zero and has no bias, so at context 0 a conditioned network computes exactly what the unconditioned
-one does, and data of the nominal plant leave ``W`` untouched (its gradient is proportional to ``c``).
+of actor and critics, the network's own input included, and an actor's action mean, FiLM (Perez et al.,
+"FiLM: Visual Reasoning with a General Conditioning Layer", AAAI 2018): ``x <- x * (1 + W_g c) + W_b c``.
+A plant that needs the opposite action is then a change of sign (the action's column of a critic's
+input, the actor's mean), not a new region of the input space that one shared network must carve out.
+The actor's sign sits on its output, not on the features under its heads: those feed ``log_std`` too,
+and flipping them flips the spread with the mean. ``W`` starts at zero and has no bias, so at context 0
+a conditioned network computes exactly what the unconditioned one does, and data of the nominal plant
+leave ``W`` untouched (its gradient is proportional to ``c``).
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ class EnsembleCritic(nn.Module):
         return self.out(x).squeeze(-1)  # (E, B)
 
 
+def action_film(context_dim: int, act_dim: int) -> nn.Parameter | None:
+    """An actor's FiLM weights for its action mean, ``(k, 2A)``, zero; ``None`` without a context."""
+    return nn.Parameter(torch.zeros(context_dim, 2 * act_dim)) if context_dim else None
+
+
+def modulated_mean(head: nn.Linear, film: torch.Tensor | None, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    """An actor's action mean ``head(h)``, FiLM-modulated by the context at the end of ``obs`` when ``film``."""
+    mu = head(h)
+    return mu if film is None else modulate(mu, obs[..., -film.shape[0] :] @ film)
+
+
 class DeterministicActor(nn.Module):
     """``a = tanh(mu(s))``: behaviour cloning's deterministic policy."""
 
@@ -121,9 +134,10 @@ class DeterministicActor(nn.Module):
         super().__init__()
         self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
+        self.film = action_film(context_dim, act_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.mu(self.trunk(obs)))
+        return torch.tanh(modulated_mean(self.mu, self.film, self.trunk(obs), obs))
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
@@ -133,8 +147,8 @@ class DeterministicActor(nn.Module):
 class TanhGaussianActor(nn.Module):
     """A Gaussian squashed by tanh (Haarnoja et al. 2018): the policy of SAC, CQL and Gaussian BC.
 
-    Shares ``trunk`` and ``mu`` with :class:`DeterministicActor`, so a deterministic BC actor can
-    warm-start it (``log_std`` keeps its initialisation).
+    Shares ``trunk``, ``mu`` and ``film`` with :class:`DeterministicActor`, so a deterministic BC actor
+    can warm-start it (``log_std`` keeps its initialisation).
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], context_dim: int = 0):
@@ -142,11 +156,12 @@ class TanhGaussianActor(nn.Module):
         self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
         self.log_std = nn.Linear(hidden[-1], act_dim)
+        self.film = action_film(context_dim, act_dim)
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.trunk(obs)
         log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        return self.mu(h), log_std
+        return modulated_mean(self.mu, self.film, h, obs), log_std
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised sample and its log-probability: ``(B, A)``, ``(B,)``."""

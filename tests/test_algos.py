@@ -111,12 +111,27 @@ def test_conditioned_networks_compute_the_plain_ones_at_the_nominal_context():
     film = (TanhGaussianActor(5, 1, (8, 8), context_dim=2), EnsembleCritic(5, 1, (8, 8), ensemble=2, context_dim=2))
     assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
     with torch.no_grad():  # modulation weights that are not zero change nothing at context 0, everything off it
-        for p in [*film[0].trunk.film, *film[1].film]:
+        for p in [*film[0].trunk.film, film[0].film, *film[1].film]:
             p.uniform_(-1.0, 1.0)
     assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
     off = obs.clone()
     off[:, -1] = -2.0
     assert not torch.allclose(plain[1](off, act), film[1](off, act))
+    assert not torch.allclose(plain[0].act(off), film[0].act(off))
+
+
+def test_a_conditioned_actor_reverses_its_action_and_keeps_its_spread():
+    """The reversed plant (2.1.0: actuator offset -2) needs ``-mu`` at the same ``log_std``: one row of the
+    actor's output FiLM gives exactly that, which a gain on the features under both heads cannot."""
+    actor = TanhGaussianActor(5, 1, (8, 8), context_dim=2)
+    reversed_plant = _nominal(torch.randn(6, 5), 2)
+    reversed_plant[:, -1] = -2.0
+    with torch.no_grad():
+        h = actor.trunk(reversed_plant)
+        unmodulated = actor.mu(h), actor.log_std(h)
+        actor.film[1, 0] = 1.0  # the actuator entry's gain row: 1 + 1 * (-2) = -1 on the mean, no shift
+        mu, log_std = actor.dist_params(reversed_plant)
+    assert torch.equal(mu, -unmodulated[0]) and torch.equal(log_std, unmodulated[1])
 
 
 def test_nominal_data_leave_the_modulation_weights_untouched():
@@ -125,7 +140,7 @@ def test_nominal_data_leave_the_modulation_weights_untouched():
     algo = CQL(3, 1, CQLConfig(**SMALL, n_action_samples=4, context_dim=1))
     batch = make_buffer().sample(32)
     batch = dataclasses.replace(batch, obs=_nominal(batch.obs, 1), next_obs=_nominal(batch.next_obs, 1))
-    film = [*algo.actor.trunk.film, *algo.critic.film]
+    film = [*algo.actor.trunk.film, algo.actor.film, *algo.critic.film]
     algo.update(batch)
     assert all(torch.count_nonzero(p) == 0 for p in film)
 
