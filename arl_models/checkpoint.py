@@ -60,10 +60,22 @@ def model_state(algo: Algorithm) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor]) -> None:
+def load_weights(net: nn.Module, state: dict[str, torch.Tensor], prefix: str, where: Path) -> None:
+    """Load the entries of ``state`` under ``prefix`` into ``net``; a set of names that does not fit is an
+    error naming the checkpoint and the names (a checkpoint of an older network layout, for example)."""
+    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    expected = set(net.state_dict())
+    missing, unexpected = sorted(expected - set(own)), sorted(set(own) - expected)
+    if missing or unexpected:
+        raise ValueError(f"{where}: its weights do not fit the network its config.json describes (missing "
+                         f"{[prefix + k for k in missing]}, unexpected {[prefix + k for k in unexpected]}); a "
+                         "checkpoint written before a change of layout must be retrained")
+    net.load_state_dict(own)
+
+
+def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor], where: Path) -> None:
     for name, net in algo.networks().items():
-        prefix = f"{name}."
-        net.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+        load_weights(net, state, f"{name}.", where)
     with torch.no_grad():
         for k, p in algo.parameters().items():
             p.copy_(state[f"param.{k}"].reshape(p.shape))
@@ -155,7 +167,7 @@ def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor
     d = Path(out) / TRAIN_STATE
     tensors = load_file(str(d / "state.safetensors"))
     meta = json.loads((d / "state.json").read_text())
-    load_model_state(algo, tensors)
+    load_model_state(algo, tensors, Path(out))
     _load_optimizers(algo.optimizers(), tensors, meta["param_groups"], Path(out))
     algo.load_extra_state(meta["extra"])
     torch.set_rng_state(tensors["rng.torch"])
@@ -217,7 +229,7 @@ def load_policy(path: str | Path) -> Policy:
     cls = DeterministicActor if deterministic else TanhGaussianActor
     actor = cls(env["obs_dim"], env["action_dim"], hidden, cfg.get("context_dim", 0))
     weights = load_file(str(Path(path) / WEIGHTS))
-    actor.load_state_dict({k[len("actor.") :]: v for k, v in weights.items() if k.startswith("actor.")})
+    load_weights(actor, weights, "actor.", Path(path))
     scaler = ActionScaler.of(env["action_low"], env["action_high"])
     return Policy(actor, scaler, record)
 

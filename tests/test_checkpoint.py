@@ -92,11 +92,20 @@ def test_observed_versions_condition_the_networks_from_bc_to_the_saved_policy(tm
         assert read_config(tmp_path / stage)["config"]["context_dim"] == 3
     assert read_config(tmp_path / "cql")["init_actor"]["keys"] >= 8  # the trunk's layers and FiLM weights too
     weights = _weights(tmp_path / "cql")
-    assert {"actor.trunk.film.0", "critic.film.0", "cost_critic.film.2"} <= set(weights)
+    assert {"actor.trunk.film.0", "actor.film", "critic.film.0", "cost_critic.film.2"} <= set(weights)
     obs = t.obs[:8].copy()
     obs[:, -1] = -2.0  # 2.1.0's actuator offset
     # load_policy builds the conditioned actor from the config; the strict load refuses any missing weight
     assert load_policy(tmp_path / "cql").act(obs).shape == (8, 1)
+    # a checkpoint of the layout before the actor's output FiLM: the error names the checkpoint and the weight
+    import shutil
+
+    from safetensors.torch import save_file
+
+    old = shutil.copytree(tmp_path / "cql", tmp_path / "old-layout")
+    save_file({k: v for k, v in weights.items() if k != "actor.film"}, str(old / WEIGHTS))
+    with pytest.raises(ValueError, match=r"old-layout: its weights do not fit .* \(missing \['actor.film'\], unexpected \[\]\)"):
+        load_policy(old)
     with pytest.raises(ValueError, match="conditioned on 3 context entries and this CQL on 0"):
         train_cql(data, tmp_path / "plain", steps=1, init_actor=tmp_path / "bc", context_dim=0, **TINY)
     train_bc(data, tmp_path / "plain-bc", steps=1, context_dim=0, **TINY)
