@@ -26,6 +26,10 @@ from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
+LAYOUT_VERSION = 2
+"""Bumped when the networks' parameters change (2: the actor's action-mean FiLM, 2026-12-05). The pipeline
+keys its cached stages on it, so a cached checkpoint of an older layout is retrained rather than loaded."""
+
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.Sequential:
     layers: list[nn.Module] = []

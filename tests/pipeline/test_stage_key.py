@@ -1,0 +1,28 @@
+"""The pipeline's cache key: a stage is reused only when everything that determines its output is the same."""
+
+import pytest
+
+from arl_models import nets
+from tasks.train import stage_key
+
+STAGES = ("bc", "cql", "finetune", "ewc")
+SETTINGS = {"preset": "demo", "seed": 0, "steps": None}
+
+
+def _keys() -> dict[str, str]:
+    return {s: stage_key(s, "0" * 32, SETTINGS, None) for s in STAGES}
+
+
+def test_a_new_network_layout_retrains_every_cached_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _keys()
+    assert _keys() == before and len(set(before.values())) == len(STAGES)
+    monkeypatch.setattr(nets, "LAYOUT_VERSION", nets.LAYOUT_VERSION + 1)
+    after = _keys()
+    assert all(after[s] != before[s] for s in STAGES)
+
+
+def test_settings_and_upstream_are_part_of_the_key() -> None:
+    key = stage_key("cql", "0" * 32, SETTINGS, None)
+    assert stage_key("cql", "0" * 32, SETTINGS | {"seed": 1}, None) != key
+    assert stage_key("cql", "0" * 32, SETTINGS, "upstream") != key
+    assert stage_key("cql", "1" * 32, SETTINGS, None) != key
