@@ -87,7 +87,9 @@ def continual_cmd(
     previous: Annotated[list[Path] | None, typer.Option("--previous", help="Earlier versions' datasets, oldest first (repeatable).")] = None,
     naive_from: Annotated[Path | None, typer.Option(help="Where the naive baseline's chain continues from (default: --from).")] = None,
     steps: Annotated[int, typer.Option(help="Offline gradient steps on the new data.")] = 5_000,
-    ewc_weight: Annotated[float | None, typer.Option(help="EWC penalty weight (default: EWCConfig's, 100).")] = None,
+    ewc_weight: Annotated[float | None, typer.Option(
+        help="EWC penalty weight (default: EWCConfig's, 100). On the plant-conditioned 2.x versions 3 learned new "
+             "versions faster at the same forgetting (benchmarks/README.md).")] = None,
     decay: Annotated[float | None, typer.Option(help="Online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9).")] = None,
     ewc_networks: Annotated[str | None, typer.Option(help="Networks the penalty holds, comma-separated, of actor, critic, "
                                                      "cost_critic (default: all; the policy alone: actor).")] = None,
