@@ -63,14 +63,11 @@ def model_state(algo: Algorithm) -> dict[str, torch.Tensor]:
 def load_weights(net: nn.Module, state: dict[str, torch.Tensor], prefix: str, where: Path) -> None:
     """Load the entries of ``state`` under ``prefix`` into ``net``; a set of names that does not fit is an
     error naming the checkpoint and the names (a checkpoint of an older network layout, for example)."""
-    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-    expected = set(net.state_dict())
-    missing, unexpected = sorted(expected - set(own)), sorted(set(own) - expected)
-    if missing or unexpected:
+    keys = net.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=False)
+    if keys.missing_keys or keys.unexpected_keys:
         raise ValueError(f"{where}: its weights do not fit the network its config.json describes (missing "
-                         f"{[prefix + k for k in missing]}, unexpected {[prefix + k for k in unexpected]}); a "
-                         "checkpoint written before a change of layout must be retrained")
-    net.load_state_dict(own)
+                         f"{[prefix + k for k in keys.missing_keys]}, unexpected {[prefix + k for k in keys.unexpected_keys]}); "
+                         "a checkpoint written before a change of layout must be retrained")
 
 
 def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor], where: Path) -> None:

@@ -122,7 +122,9 @@ def main() -> None:
     report = {
         "task": a.task, "datasets": [str(d) for d in a.data], "settings": vars(a) | {"data": [str(d) for d in a.data],
                                                                                      "workdir": str(a.workdir), "json": str(a.json),
-                                                                                     "ewc_weight": ewc.weight, "decay": ewc.decay},
+                                                                                     "ewc_weight": ewc.weight, "decay": ewc.decay,
+                                                                                     "conservative_weight": cql.conservative_weight,
+                                                                                     "context_lr_scale": cql.context_lr_scale},
         "steps": steps,
         "criteria": {k: all(st["criteria"][k] for st in steps) for k in steps[0]["criteria"]},
         "wall_s": time.perf_counter() - t0,

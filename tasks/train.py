@@ -37,34 +37,34 @@ CURVES = {
 
 
 def library_config(stage: str, preset: str) -> dict[str, Any]:
-    """The algorithm config and network layout the library will use for ``stage`` under ``preset`` (part of
-    the cache key)."""
-    from arl_models import nets
+    """The algorithm config the library will use for ``stage`` under ``preset`` (part of the cache key)."""
     from arl_models.presets import get_preset
 
     p = get_preset(preset)
-    layout = {"layout": nets.LAYOUT_VERSION}
     if stage == "finetune":
         from arl_models.online import FinetuneConfig
 
-        return {"config": dataclasses.asdict(FinetuneConfig()), "default_steps": p.finetune_steps} | layout
+        return {"config": dataclasses.asdict(FinetuneConfig()), "default_steps": p.finetune_steps}
     if stage == "ewc":
         from arl_models.continual import ContinualConfig
 
-        return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps} | layout
+        return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
     cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
     # the conditioning follows the dataset's task (arl_models.offline.conditioning); the run is tagged with it
-    return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps} | layout
+    return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps}
 
 
 def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_key: str | None) -> str:
-    """sha256 of everything that determines a stage's output."""
+    """sha256 of everything that determines a stage's output, the networks' layout included."""
+    from arl_models import nets
+
     blob = json.dumps(
         {
             "stage": stage,
             "dataset": dataset_md5,
             "settings": settings,
             "library": library_config(stage, settings["preset"]),
+            "layout": nets.LAYOUT_VERSION,
             "upstream": upstream_key,
         },
         sort_keys=True,
