@@ -51,13 +51,16 @@ def data_generate(
     seed: Seed = 0,
     behaviour_steps: Annotated[int | None, typer.Option(help="Steps of the behaviour SAC run (task default if unset).")] = None,
     behaviour_dir: Annotated[Path | None, typer.Option(help="Where the behaviour run is cached (default ~/.cache/arl/behaviour).")] = None,
+    cost_penalty: Annotated[float, typer.Option(
+        help="k >= 0: the behaviour SAC learns reward - k * cost and its snapshots are ranked by it, so the data "
+             "hold episodes within the cost budget (safe-hopper: 4 makes any speed over the limit a loss).")] = 0.0,
 ) -> None:
     """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
     from arl_models.data.generate import generate_dataset
 
     try:
         info = generate_dataset(task, quality, out, transitions=transitions, seed=seed,
-                                behaviour_steps=behaviour_steps, behaviour_dir=behaviour_dir)
+                                behaviour_steps=behaviour_steps, behaviour_dir=behaviour_dir, cost_penalty=cost_penalty)
     except (KeyError, ValueError) as e:
         _fail(str(e))
     typer.echo(f"wrote {out}: {info.task}@{info.env_version} {info.quality}, "

@@ -46,7 +46,8 @@ def ingest_flow(
         logger.info("dataset %s already in %s: versioning it as it is", name, repo_dir)
     elif source.kind == "generate":
         generate_dataset_task(
-            source.task, source.quality, str(out), source.transitions, source.seed, source.behaviour_steps
+            source.task, source.quality, str(out), source.transitions, source.seed, source.behaviour_steps,
+            source.cost_penalty,
         )
     else:
         if not source.source:

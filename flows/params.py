@@ -121,6 +121,9 @@ class IngestSource(BaseModel):
     behaviour_steps: int | None = Field(
         None, gt=0, description="Steps of the behaviour SAC (empty: the task's)."
     )
+    cost_penalty: float = Field(
+        0.0, ge=0, description="k: the behaviour SAC learns reward - k * cost, so the data hold safe episodes."
+    )
     source: str | None = Field(
         None, description="import: a Minari directory, a D4RL .hdf5 file or a dataset directory."
     )

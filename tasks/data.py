@@ -29,7 +29,8 @@ def dataset_dir(repo_dir: str | Path, name: str) -> Path:
 
 @task(name="generate_dataset", retries=0, task_run_name="generate {task_name} {quality}")
 def generate_dataset_task(
-    task_name: str, quality: str, out: str, transitions: int, seed: int, behaviour_steps: int | None
+    task_name: str, quality: str, out: str, transitions: int, seed: int, behaviour_steps: int | None,
+    cost_penalty: float = 0.0,
 ) -> str:
     """Generate a dataset with the project's behaviour SAC (cached per task, seed and steps)."""
     import sys
@@ -43,6 +44,7 @@ def generate_dataset_task(
         transitions=transitions,
         seed=seed,
         behaviour_steps=behaviour_steps,
+        cost_penalty=cost_penalty,
         progress=sys.stderr.isatty(),
     )
     get_run_logger().info("generated %s: %d transitions of %s", out, info.num_transitions, info.quality)

@@ -9,6 +9,11 @@ evaluations. From it:
 - ``medium-replay``: the behaviour run's own replay, up to the moment the medium policy was taken;
 - ``medium-expert``: half medium, half expert.
 
+With ``cost_penalty`` k > 0 the behaviour SAC learns from ``reward - k * cost`` and its snapshots are
+ranked by ``return - k * cost``, the way safe offline RL datasets (DSRL) come from cost-aware behaviour:
+the data then hold episodes within the cost budget, which an unpenalised run on a velocity-limited task
+never visits. The recorded rows keep the task's own reward; the penalty only steers the behaviour.
+
 The reference scores (random and expert returns) are measured here and stored in the sidecar, never
 copied from D4RL. A behaviour run is cached by task, version, seed and steps, so generating several
 qualities trains SAC once.
@@ -48,6 +53,8 @@ class BehaviourConfig:
     learning_starts: int = 1000
     eval_every: int = 1000
     eval_episodes: int = 5
+    cost_penalty: float = 0.0
+    """k in the behaviour's objective ``reward - k * cost`` (0: the task's reward alone)."""
 
 
 BEHAVIOUR: dict[str, BehaviourConfig] = {
@@ -57,10 +64,12 @@ BEHAVIOUR: dict[str, BehaviourConfig] = {
 }
 
 
-def behaviour_config(task: str, steps: int | None = None, seed: int = 0) -> BehaviourConfig:
+def behaviour_config(task: str, steps: int | None = None, seed: int = 0, cost_penalty: float = 0.0) -> BehaviourConfig:
+    if cost_penalty < 0:
+        raise ValueError(f"cost_penalty must be >= 0, got {cost_penalty}")
     name = task.partition("@")[0]
     base = BEHAVIOUR.get(name, BehaviourConfig(SACConfig(learn_cost=False), steps=100_000, learning_starts=5_000, eval_every=5_000))
-    return replace(base, sac=replace(base.sac, seed=seed), steps=steps or base.steps)
+    return replace(base, sac=replace(base.sac, seed=seed), steps=steps or base.steps, cost_penalty=float(cost_penalty))
 
 
 def _env_record(spec: TaskSpec) -> dict[str, Any]:
@@ -95,7 +104,7 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
         a = scaler.unnormalize(a_n)
         next_obs, r, term, trunc, info = env.step(a)
         rec.add(obs, a, r, info["cost"], next_obs, term, trunc, policy=current_hash)
-        buffer.add(obs=obs[None], act=a_n[None], rew=np.array([r]), cost=np.array([info["cost"]]),
+        buffer.add(obs=obs[None], act=a_n[None], rew=np.array([r - cfg.cost_penalty * info["cost"]]), cost=np.array([info["cost"]]),
                    next_obs=next_obs[None], done=np.array([float(term)]))
         obs = env.reset()[0] if (term or trunc) else next_obs
         if t > cfg.learning_starts:
@@ -104,17 +113,20 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
             res = evaluate(lambda o: scaler.unnormalize(sac.act(o)), spec, cfg.eval_episodes, seed=seed + 2)
             state = {k: v.clone() for k, v in sac.actor.state_dict().items()}
             current_hash = policy_hash(state)
-            snapshots.append({"step": t, "return": res.mean_return, "cost": res.mean_cost, "state": state, "hash": current_hash})
+            snapshots.append({"step": t, "return": res.mean_return, "cost": res.mean_cost, "state": state, "hash": current_hash,
+                              "objective": res.mean_return - cfg.cost_penalty * res.mean_cost})
     env.close()
-    return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval.mean_return, cfg)
+    random_objective = random_eval.mean_return - cfg.cost_penalty * random_eval.mean_cost
+    return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval.mean_return, random_objective, cfg)
 
 
-def _save_behaviour(out, spec, env_rec, rec, snapshots, random_return, cfg) -> Path:
+def _save_behaviour(out, spec, env_rec, rec, snapshots, random_return, random_objective, cfg) -> Path:
     if not snapshots:
         raise ValueError(f"behaviour run of {spec.key} made no evaluations: steps must exceed learning_starts + eval_every")
-    expert = max(snapshots, key=lambda s: s["return"])
-    span = expert["return"] - random_return
-    scores = [100.0 * (s["return"] - random_return) / span for s in snapshots]
+    # ranked by the objective the behaviour learns (the return itself when there is no cost penalty)
+    expert = max(snapshots, key=lambda s: s["objective"])
+    span = expert["objective"] - random_objective
+    scores = [100.0 * (s["objective"] - random_objective) / span for s in snapshots]
     medium_candidates = [i for i, s in enumerate(snapshots) if s["step"] <= expert["step"]]
     medium = snapshots[min(medium_candidates, key=lambda i: abs(scores[i] - 33.0))]
     out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +139,8 @@ def _save_behaviour(out, spec, env_rec, rec, snapshots, random_return, cfg) -> P
     write_dataset(out / "replay", t, _info(spec, env_rec, "replay", random_return, expert["return"]))
     refs = {
         "random_return": random_return, "expert_return": expert["return"], "expert_step": expert["step"],
-        "medium_step": medium["step"], "medium_return": medium["return"],
-        "curve": [{"step": s["step"], "return": s["return"], "cost": s["cost"]} for s in snapshots],
+        "medium_step": medium["step"], "medium_return": medium["return"], "cost_penalty": cfg.cost_penalty,
+        "curve": [{"step": s["step"], "return": s["return"], "cost": s["cost"], "objective": s["objective"]} for s in snapshots],
     }
     (out / "behaviour.json").write_text(json.dumps(refs, indent=2) + "\n")
     return out
@@ -148,24 +160,33 @@ def _info(spec: TaskSpec, env_rec: dict, quality: str, random_return: float, exp
 def default_behaviour_dir(spec: TaskSpec, cfg: BehaviourConfig) -> Path:
     # the cost function and dynamics are part of the key: a changed threshold invalidates the replay's costs
     tag = hashlib.sha256(f"{spec.cost_fn!r}|{spec.dynamics!r}|{cfg!r}".encode()).hexdigest()[:10]
-    return Path.home() / ".cache" / "arl" / "behaviour" / f"{spec.key}-seed{cfg.sac.seed}-{tag}"
+    penalty = f"-penalty{cfg.cost_penalty:g}" if cfg.cost_penalty else ""  # readable; the tag covers it too
+    return Path.home() / ".cache" / "arl" / "behaviour" / f"{spec.key}-seed{cfg.sac.seed}{penalty}-{tag}"
 
 
 def generate_dataset(
     task: str, quality: str, out: str | Path, *, transitions: int = 100_000, seed: int = 0,
-    behaviour_steps: int | None = None, behaviour_dir: str | Path | None = None, progress: bool = True,
+    behaviour_steps: int | None = None, behaviour_dir: str | Path | None = None, cost_penalty: float = 0.0,
+    progress: bool = True,
 ) -> DatasetInfo:
-    """Generate one dataset of ``quality`` for ``task`` (``name`` or ``name@version``) into ``out``."""
+    """Generate one dataset of ``quality`` for ``task`` (``name`` or ``name@version``) into ``out``.
+
+    ``cost_penalty`` k > 0 trains the behaviour on ``reward - k * cost`` (see the module's docstring).
+    """
     if quality not in QUALITIES:
         raise ValueError(f"unknown quality {quality!r}; choose one of {', '.join(QUALITIES)}")
     spec = get_task(task)
-    cfg = behaviour_config(spec.name, behaviour_steps, seed)
+    cfg = behaviour_config(spec.name, behaviour_steps, seed, cost_penalty)
     bdir = Path(behaviour_dir) if behaviour_dir else default_behaviour_dir(spec, cfg)
     if not (bdir / "behaviour.json").is_file():
         train_behaviour(spec, bdir, cfg, progress)
     refs = json.loads((bdir / "behaviour.json").read_text())
+    if refs.get("cost_penalty", 0.0) != cfg.cost_penalty:
+        raise ValueError(f"behaviour run {bdir} was trained with cost penalty {refs.get('cost_penalty', 0.0):g}, "
+                         f"not {cfg.cost_penalty:g}; pass its own penalty or another --behaviour-dir")
     env_rec = _env_record(spec)
-    info = _info(spec, env_rec, quality, refs["random_return"], refs["expert_return"], behaviour_dir=str(bdir))
+    info = _info(spec, env_rec, quality, refs["random_return"], refs["expert_return"], behaviour_dir=str(bdir),
+                 behaviour_cost_penalty=cfg.cost_penalty)
     data = _collect(quality, spec, bdir, refs, env_rec, transitions, seed, progress)
     write_dataset(out, data, info)
     return read_info(out)
