@@ -457,7 +457,7 @@ class Session:
         if self.progress:
             print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
                   f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
-                  f"lambda {self.algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+                  f"lambda {latest['online/lagrange_multiplier']:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
 
     def finish(self, latest: dict[str, float], t0: float) -> dict[str, float]:
         """The final record (a last evaluation if the last round had none), saved with the checkpoint."""
@@ -477,6 +477,8 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     """Count the round's episodes, update the multiplier from their mean cost, return the round's metrics."""
     rets = np.array([e[0] for e in rnd.episodes])
     costs = np.array([e[1] for e in rnd.episodes])
+    # the unconstrained baseline carries the checkpoint's multiplier but never applies it: it reports 0
+    multiplier = algo.lagrangian.value if cfg.constrained else 0.0
     with (out / "episodes.jsonl").open("a") as f:
         for r, c, length in rnd.episodes:
             state.episodes += 1
@@ -485,7 +487,7 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
             state.violations += int(c > budget)
             f.write(json.dumps({
                 "episode": state.episodes, "env_steps": state.env_steps, "return": r, "cost": c,
-                "cumulative_cost": state.cumulative_cost, "multiplier": algo.lagrangian.value,
+                "cumulative_cost": state.cumulative_cost, "multiplier": multiplier,
             }) + "\n")
     state.rounds += 1
     state.updates += rnd.n_updates
@@ -495,6 +497,6 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     return m | {
         "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),
         "online/cumulative_cost": state.cumulative_cost, "online/violating_episodes": float(state.violations),
-        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value,
+        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value if cfg.constrained else 0.0,
         "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.online)),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -71,20 +72,44 @@ def test_cost_margin_holds_the_training_episodes_below_the_budget(tiny_cql, tmp_
         finetune(tiny_cql, tmp_path / "bad", config=replace(TINY, cost_margin=1.0), progress=False)
 
 
-def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
-    ts = tiny_cql / "train_state" / "state.json"
+@contextmanager
+def _offline_multiplier(ckpt, value: float):
+    """The checkpoint's saved multiplier set to ``value`` for the block (the fixture is shared)."""
+    ts = ckpt / "train_state" / "state.json"
     meta = json.loads(ts.read_text())
     saved = meta["extra"].copy()
     try:
-        meta["extra"] |= {"lagrangian.value": 0.7, "lagrangian.integral": 0.7}
+        meta["extra"] |= {"lagrangian.value": value, "lagrangian.integral": value}
         ts.write_text(json.dumps(meta))
-        algo = build_algo(read_config(tiny_cql), TINY)
-        carried = warm_start(algo, tiny_cql, budget=12.0)
-        assert carried["value"] == 0.7 and algo.lagrangian.value == 0.7
-        assert algo.lagrangian.cfg == TINY.pid  # the online gains, the offline state
+        yield
     finally:
         meta["extra"] = saved
         ts.write_text(json.dumps(meta))
+
+
+def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
+    with _offline_multiplier(tiny_cql, 0.7):
+        algo = build_algo(read_config(tiny_cql), TINY)
+        carried = warm_start(algo, tiny_cql, budget=12.0)
+    assert carried["value"] == 0.7 and algo.lagrangian.value == 0.7
+    assert algo.lagrangian.cfg == TINY.pid  # the online gains, the offline state
+
+
+def test_the_unconstrained_baseline_neither_applies_nor_reports_the_carried_multiplier(tiny_cql, pendulum_data, tmp_path):
+    free = replace(TINY, constrained=False)
+    with _offline_multiplier(tiny_cql, 0.7):
+        algo = build_algo(read_config(tiny_cql), free)
+        warm_start(algo, tiny_cql, budget=12.0)
+        final = finetune(tiny_cql, tmp_path / "free", data=pendulum_data, config=free, progress=False)
+    obs = torch.randn(16, 3)
+    losses = []
+    for value in (0.7, 0.0):
+        algo.lagrangian.value = value
+        torch.manual_seed(0)
+        losses.append(algo.actor_loss(obs)[0].item())
+    assert losses[0] == losses[1]
+    eps = [json.loads(ln) for ln in (tmp_path / "free" / "episodes.jsonl").read_text().splitlines()]
+    assert [e["multiplier"] for e in eps] == [0.0] * len(eps) and final["online/lagrange_multiplier"] == 0.0
 
 
 def test_warm_start_loads_actor_and_both_critics(tiny_cql):
