@@ -53,7 +53,7 @@ def data_generate(
     behaviour_dir: Annotated[Path | None, typer.Option(help="Where the behaviour run is cached (default ~/.cache/arl/behaviour).")] = None,
     cost_penalty: Annotated[float, typer.Option(
         help="k >= 0: the behaviour SAC learns reward - k * cost and its snapshots are ranked by it, so the data "
-             "hold episodes within the cost budget (safe-hopper: 4 makes any speed over the limit a loss).")] = 0.0,
+             "hold episodes within the cost budget (safe-hopper: at 4 a step over the speed limit is a loss below 4.7 m/s).")] = 0.0,
 ) -> None:
     """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
     from arl_models.data.generate import generate_dataset
