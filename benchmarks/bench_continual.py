@@ -77,8 +77,11 @@ def main() -> None:
                    help="train the chain without the offline cost constraint, so scores measure forgetting alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-continual"))
+    p.add_argument("--resume", action="store_true", help="continue the run already in --workdir (default: refuse it)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
+    if a.workdir.is_dir() and any(a.workdir.iterdir()) and not a.resume:  # every stage resumes what it finds there
+        p.error(f"{a.workdir} already holds a run that would be resumed; pass --resume to continue it, or another --workdir")
 
     import torch
 

@@ -61,6 +61,7 @@ def main() -> None:
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
+    p.add_argument("--resume", action="store_true", help="continue the runs already in --workdir (default: refuse them)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
 
@@ -79,6 +80,9 @@ def main() -> None:
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
+    taken = [str(j[1]) for j in jobs if j[1].exists()]
+    if taken and not a.resume:  # every stage resumes what its directory holds: old figures under new settings
+        p.error(f"{', '.join(taken)} already exist and would be resumed; pass --resume to continue them, or another --workdir")
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
     with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
         results = dict(zip(runs, pool.map(_run, jobs), strict=True))
