@@ -108,6 +108,22 @@ def data_relabel(
     typer.echo(f"wrote {out}: costs by {info.extra['cost_fn']} (were: {info.extra['relabelled_from']})")
 
 
+@data_app.command("merge")
+def data_merge(
+    sources: Annotated[list[Path], typer.Argument(help="Two or more dataset directories of one task version.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")],
+) -> None:
+    """Concatenate datasets of one task version (say, a safe and a fast behaviour) into one of quality
+    ``mixed``; every row keeps its own version metadata."""
+    from arl_models.data.dataset import DatasetError, merge_datasets
+
+    try:
+        info = merge_datasets(list(sources), out)
+    except (DatasetError, ValueError, OSError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {out}: {info.num_transitions} transitions, {info.num_episodes} episodes from {len(sources)} datasets")
+
+
 @data_app.command("info")
 def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Show a dataset's sidecar and episode statistics (after checking its schema)."""

@@ -62,3 +62,11 @@ def test_bad_dataset_gives_a_clear_error(tmp_path):
 def test_unknown_quality_is_refused(tmp_path):
     res = runner.invoke(app, ["data", "generate", "-t", "safe-pendulum", "-q", "great", "-o", str(tmp_path / "d")])
     assert res.exit_code == 2 and "unknown quality 'great'" in res.output
+
+
+def test_merge_writes_one_mixed_dataset_and_names_a_missing_part(tiny_dataset, tmp_path):
+    res = runner.invoke(app, ["data", "merge", str(tiny_dataset), str(tiny_dataset), "-o", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    assert "400 transitions, 8 episodes from 2 datasets" in res.output
+    res = runner.invoke(app, ["data", "merge", str(tiny_dataset), str(tmp_path / "nope"), "-o", str(tmp_path / "m2")])
+    assert res.exit_code == 2 and "nope: not a dataset directory" in res.output and not (tmp_path / "m2").exists()

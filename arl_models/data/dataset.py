@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class DatasetInfo:
     action_low: list[float]
     action_high: list[float]
     quality: str
-    """``random``, ``medium``, ``expert``, ``medium-replay``, ``medium-expert`` or ``imported``."""
+    """``random``, ``medium``, ``expert``, ``medium-replay``, ``medium-expert``, ``imported`` or ``mixed``."""
     ref_random_return: float | None = None
     ref_expert_return: float | None = None
     cost_budget: float | None = None
@@ -184,6 +184,43 @@ def write_dataset(path: str | Path, transitions: Transitions, info: DatasetInfo)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+_SAME_IN_EVERY_PART = ("task", "env_id", "env_version", "obs_dim", "action_dim", "action_low", "action_high", "cost_budget")
+
+
+def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
+    """Concatenate datasets of one task version into ``out`` (quality ``mixed``), as safe offline RL mixes
+    behaviours of different costs. Episode ids are renumbered to stay distinct; every row keeps its own
+    metadata (policy_hash, random_seed, timestamp). Parts must agree on the task, its version, shapes,
+    bounds, budget and cost function; the reference returns span the parts' (lowest random, highest expert).
+    """
+    if len(paths) < 2:
+        raise ValueError("merging needs at least two datasets")
+    parts = [read_dataset(p) for p in paths]
+    first = parts[0][1]
+    for path, (_, info) in zip(paths[1:], parts[1:], strict=True):
+        for name in _SAME_IN_EVERY_PART:
+            if getattr(info, name) != getattr(first, name):
+                raise DatasetError(f"{path}: {name} is {getattr(info, name)!r}, but {paths[0]} has {getattr(first, name)!r}")
+        if info.extra.get("cost_fn") != first.extra.get("cost_fn"):
+            raise DatasetError(f"{path}: cost labelled by {info.extra.get('cost_fn')!r}, but {paths[0]} by "
+                               f"{first.extra.get('cost_fn')!r} (arl data relabel one of them first)")
+    rows, offset = [], 0
+    for t, _ in parts:
+        _, ids = np.unique(t.episode_id, return_inverse=True)
+        rows.append(replace(t, episode_id=ids.astype(np.int64) + offset))
+        offset += int(ids.max()) + 1
+    refs = {k: [getattr(i, k) for _, i in parts if getattr(i, k) is not None] for k in ("ref_random_return", "ref_expert_return")}
+    info = replace(
+        first, quality="mixed", source="arl data merge",
+        ref_random_return=min(refs["ref_random_return"], default=None),
+        ref_expert_return=max(refs["ref_expert_return"], default=None),
+        extra={k: v for k, v in first.extra.items() if k in ("cost_fn", "max_episode_steps")}
+        | {"merged_from": [{"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions} for p, (_, i) in zip(paths, parts, strict=True)]},
+    )
+    write_dataset(out, Transitions.concat(rows), info)
+    return read_info(out)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
