@@ -135,7 +135,8 @@ class IngestSource(BaseModel):
     def dataset_name(self) -> str:
         if self.name:
             return self.name
-        return f"{self.task.replace('@', '-')}-{self.quality}"
+        penalty = f"-penalty{self.cost_penalty:g}" if self.kind == "generate" and self.cost_penalty else ""
+        return f"{self.task.replace('@', '-')}-{self.quality}{penalty}"
 
     def import_format(self) -> str:
         if self.format:

@@ -32,7 +32,7 @@ def generate_dataset_task(
     task_name: str, quality: str, out: str, transitions: int, seed: int, behaviour_steps: int | None,
     cost_penalty: float = 0.0,
 ) -> str:
-    """Generate a dataset with the project's behaviour SAC (cached per task, seed and steps)."""
+    """Generate a dataset with the project's behaviour SAC (cached per task, seed, steps and cost penalty)."""
     import sys
 
     from arl_models.data.generate import generate_dataset

@@ -15,7 +15,7 @@ the data then hold episodes within the cost budget, which an unpenalised run on 
 never visits. The recorded rows keep the task's own reward; the penalty only steers the behaviour.
 
 The reference scores (random and expert returns) are measured here and stored in the sidecar, never
-copied from D4RL. A behaviour run is cached by task, version, seed and steps, so generating several
+copied from D4RL. A behaviour run is cached by task, version, seed, steps and penalty, so generating several
 qualities trains SAC once.
 """
 
