@@ -220,11 +220,15 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
 
 
 def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, float]:
-    """Load every weight, optimiser and the multiplier's state; the multiplier keeps value and integral."""
+    """Load every weight, optimiser and the multiplier's state; the multiplier keeps value and integral.
+    The unconstrained baseline never applies a multiplier, so its own stays at 0; the checkpoint's is returned."""
     load_train_state(from_dir, algo)
     old = algo.lagrangian.state()
-    algo.lagrangian = PIDLagrangian(algo.cfg.pid)
-    algo.lagrangian.load_state({**old, "prev": 1.0})  # the measured signal changes: no derivative kick
+    if algo.cfg.external_multiplier:
+        algo.lagrangian = PIDLagrangian(algo.cfg.pid)
+        algo.lagrangian.load_state({**old, "prev": 1.0})  # the measured signal changes: no derivative kick
+    else:
+        algo.lagrangian = PIDLagrangian()
     algo.step = 0
     torch.manual_seed(algo.cfg.seed)
     return old
@@ -457,7 +461,7 @@ class Session:
         if self.progress:
             print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
                   f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
-                  f"lambda {latest['online/lagrange_multiplier']:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+                  f"lambda {self.algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
 
     def finish(self, latest: dict[str, float], t0: float) -> dict[str, float]:
         """The final record (a last evaluation if the last round had none), saved with the checkpoint."""
@@ -477,8 +481,6 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     """Count the round's episodes, update the multiplier from their mean cost, return the round's metrics."""
     rets = np.array([e[0] for e in rnd.episodes])
     costs = np.array([e[1] for e in rnd.episodes])
-    # the unconstrained baseline carries the checkpoint's multiplier but never applies it: it reports 0
-    multiplier = algo.lagrangian.value if cfg.constrained else 0.0
     with (out / "episodes.jsonl").open("a") as f:
         for r, c, length in rnd.episodes:
             state.episodes += 1
@@ -487,7 +489,7 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
             state.violations += int(c > budget)
             f.write(json.dumps({
                 "episode": state.episodes, "env_steps": state.env_steps, "return": r, "cost": c,
-                "cumulative_cost": state.cumulative_cost, "multiplier": multiplier,
+                "cumulative_cost": state.cumulative_cost, "multiplier": algo.lagrangian.value,
             }) + "\n")
     state.rounds += 1
     state.updates += rnd.n_updates
@@ -497,6 +499,6 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
     return m | {
         "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),
         "online/cumulative_cost": state.cumulative_cost, "online/violating_episodes": float(state.violations),
-        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value if cfg.constrained else 0.0,
+        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value,
         "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.online)),
     }

@@ -126,8 +126,14 @@ class Transitions:
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        keys = parts[0].__dict__.keys()
-        return Transitions(**{k: np.concatenate([p.__dict__[k] for p in parts]) for k in keys})
+        """Rows of whole-episode parts, in order; episode ids are renumbered 0.. so that no two parts share one."""
+        ids, offset = [], 0
+        for p in parts:
+            _, inverse = np.unique(p.episode_id, return_inverse=True)
+            ids.append(inverse.astype(np.int64) + offset)
+            offset += int(inverse.max(initial=-1)) + 1
+        keys = [k for k in parts[0].__dict__ if k != "episode_id"]
+        return Transitions(**{k: np.concatenate([p.__dict__[k] for p in parts]) for k in keys}, episode_id=np.concatenate(ids))
 
 
 def utc_now_iso() -> str:
@@ -197,29 +203,24 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
     """
     if len(paths) < 2:
         raise ValueError("merging needs at least two datasets")
-    parts = [read_dataset(p) for p in paths]
-    first = parts[0][1]
-    for path, (_, info) in zip(paths[1:], parts[1:], strict=True):
+    infos = [read_info(p) for p in paths]  # every part's sidecar is checked before any rows are read
+    first = infos[0]
+    for path, info in zip(paths[1:], infos[1:], strict=True):
         for name in _SAME_IN_EVERY_PART:
             if getattr(info, name) != getattr(first, name):
                 raise DatasetError(f"{path}: {name} is {getattr(info, name)!r}, but {paths[0]} has {getattr(first, name)!r}")
         if info.extra.get("cost_fn") != first.extra.get("cost_fn"):
             raise DatasetError(f"{path}: cost labelled by {info.extra.get('cost_fn')!r}, but {paths[0]} by "
                                f"{first.extra.get('cost_fn')!r} (arl data relabel one of them first)")
-    rows, offset = [], 0
-    for t, _ in parts:
-        _, ids = np.unique(t.episode_id, return_inverse=True)
-        rows.append(replace(t, episode_id=ids.astype(np.int64) + offset))
-        offset += int(ids.max()) + 1
-    refs = {k: [getattr(i, k) for _, i in parts if getattr(i, k) is not None] for k in ("ref_random_return", "ref_expert_return")}
+    refs = {k: [getattr(i, k) for i in infos if getattr(i, k) is not None] for k in ("ref_random_return", "ref_expert_return")}
     info = replace(
         first, quality="mixed", source="arl data merge",
         ref_random_return=min(refs["ref_random_return"], default=None),
         ref_expert_return=max(refs["ref_expert_return"], default=None),
         extra={k: v for k, v in first.extra.items() if k in ("cost_fn", "max_episode_steps")}
-        | {"merged_from": [{"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions} for p, (_, i) in zip(paths, parts, strict=True)]},
+        | {"merged_from": [{"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions} for p, i in zip(paths, infos, strict=True)]},
     )
-    write_dataset(out, Transitions.concat(rows), info)
+    write_dataset(out, Transitions.concat([read_dataset(p)[0] for p in paths]), info)
     return read_info(out)
 
 

@@ -56,6 +56,10 @@ class BehaviourConfig:
     cost_penalty: float = 0.0
     """k in the behaviour's objective ``reward - k * cost`` (0: the task's reward alone)."""
 
+    def objective(self, reward: float, cost: float) -> float:
+        """What the behaviour learns and its snapshots are ranked by, per step or per episode."""
+        return reward - self.cost_penalty * cost
+
 
 BEHAVIOUR: dict[str, BehaviourConfig] = {
     "safe-pendulum": BehaviourConfig(SACConfig(hidden=(64, 64), learn_cost=False), steps=12_000, eval_every=500),
@@ -104,7 +108,7 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
         a = scaler.unnormalize(a_n)
         next_obs, r, term, trunc, info = env.step(a)
         rec.add(obs, a, r, info["cost"], next_obs, term, trunc, policy=current_hash)
-        buffer.add(obs=obs[None], act=a_n[None], rew=np.array([r - cfg.cost_penalty * info["cost"]]), cost=np.array([info["cost"]]),
+        buffer.add(obs=obs[None], act=a_n[None], rew=np.array([cfg.objective(float(r), info["cost"])]), cost=np.array([info["cost"]]),
                    next_obs=next_obs[None], done=np.array([float(term)]))
         obs = env.reset()[0] if (term or trunc) else next_obs
         if t > cfg.learning_starts:
@@ -114,16 +118,16 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
             state = {k: v.clone() for k, v in sac.actor.state_dict().items()}
             current_hash = policy_hash(state)
             snapshots.append({"step": t, "return": res.mean_return, "cost": res.mean_cost, "state": state, "hash": current_hash,
-                              "objective": res.mean_return - cfg.cost_penalty * res.mean_cost})
+                              "objective": cfg.objective(res.mean_return, res.mean_cost)})
     env.close()
-    random_objective = random_eval.mean_return - cfg.cost_penalty * random_eval.mean_cost
-    return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval.mean_return, random_objective, cfg)
+    return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg)
 
 
-def _save_behaviour(out, spec, env_rec, rec, snapshots, random_return, random_objective, cfg) -> Path:
+def _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg) -> Path:
     if not snapshots:
         raise ValueError(f"behaviour run of {spec.key} made no evaluations: steps must exceed learning_starts + eval_every")
     # ranked by the objective the behaviour learns (the return itself when there is no cost penalty)
+    random_return, random_objective = random_eval.mean_return, cfg.objective(random_eval.mean_return, random_eval.mean_cost)
     expert = max(snapshots, key=lambda s: s["objective"])
     span = expert["objective"] - random_objective
     scores = [100.0 * (s["objective"] - random_objective) / span for s in snapshots]
@@ -205,7 +209,6 @@ def _collect(quality, spec, bdir, refs, env_rec, n, seed, progress) -> Transitio
         return _policy_rollout(bdir / quality, spec, n, seed, progress)
     medium = _policy_rollout(bdir / "medium", spec, n // 2, seed, progress)
     expert = _policy_rollout(bdir / "expert", spec, n - n // 2, seed + 1, progress)
-    expert.episode_id = expert.episode_id + medium.episode_id.max() + 1
     return Transitions.concat([medium, expert])
 
 
