@@ -106,7 +106,7 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     cfg = config_from_dict(CalQLConfig, rec["config"])
     constrained = (cfg.cost_q_limit is not None or cfg.external_multiplier) and info.cost_budget is not None
     starts = t.obs[t.step == 0]
-    limit = cql_cost_limit(info, cfg.gamma) if constrained else None
+    limit = cql_cost_limit(info, cfg.gamma, data=t) if constrained else None
     cfg = replace(cfg, conservative="cql", external_multiplier=False, cost_q_limit=limit)
     algo = CalQL(info.obs_dim, info.action_dim, cfg)
     if constrained and len(starts):

@@ -9,12 +9,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL, CQLConfig
 from arl_models.checkpoint import config_record, load_policy, read_config
-from arl_models.data.dataset import DatasetInfo, read_dataset
+from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EvalResult, evaluate
 from arl_models.metrics import MetricSink
@@ -118,7 +119,7 @@ def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
     return context_dim_of(info.task, info.env_version) if context_dim is None else context_dim
 
 
-def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) -> float | None:
+def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, data: Transitions | None = None) -> float | None:
     """The episode cost budget as a limit on the discounted cost value ``Q_c(s0, pi(s0))`` of an
     episode's start: the budget spread evenly over the episode's ``T`` steps, discounted,
     ``budget / T * (1 - gamma^T) / (1 - gamma)`` (the threshold of OSRL's Lagrangian baselines).
@@ -128,11 +129,30 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None) 
     gamma 0.99, a limit of 2.5 for a budget of 25, not 25). ``T`` is the dataset's recorded episode
     length (``max_episode_steps``), else 1,000. Without episode starts the same value bounds ``Q_c``
     of the batch's states, whose remaining horizons are shorter.
+
+    With ``data``, the limit is raised to the mean discounted cost that the data's own episodes within
+    the budget pay from their starts, where that is higher: the even spread is the strictest timing, and
+    a behaviour that meets the budget by paying early (a Hopper that sets off fast and falls by step 350:
+    25 an episode at most, 6 discounted) would otherwise be infeasible, so the multiplier winds up and
+    the policy learns to fall at once.
     """
     if info.cost_budget is None:
         return None
     t = horizon or int(info.extra.get("max_episode_steps", 1000))
-    return info.cost_budget / t * (1.0 - gamma**t) / (1.0 - gamma)
+    uniform = info.cost_budget / t * (1.0 - gamma**t) / (1.0 - gamma)
+    if data is None:
+        return uniform
+    paid = episode_start_costs(data, gamma)
+    within = paid[data.episode_costs() <= info.cost_budget]
+    return max(uniform, float(within.mean())) if within.size else uniform
+
+
+def episode_start_costs(data: Transitions, gamma: float) -> np.ndarray:
+    """Each episode's discounted cost from its first recorded step, ``sum_t gamma^t c_t``, in episode order."""
+    _, idx = np.unique(data.episode_id, return_inverse=True)
+    first = np.full(idx.max(initial=-1) + 1, np.iinfo(np.int64).max)
+    np.minimum.at(first, idx, data.step.astype(np.int64))
+    return np.bincount(idx, weights=data.cost.astype(np.float64) * gamma ** (data.step - first[idx]))
 
 
 def train_cql(
@@ -154,7 +174,7 @@ def train_cql(
     starts = t.obs[t.step == 0]
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
-        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma))
+        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
     algo = CQL(info.obs_dim, info.action_dim, cfg)
     if constrained and len(starts):
         algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)

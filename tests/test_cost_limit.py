@@ -7,10 +7,10 @@ import torch
 
 from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.checkpoint import read_config
-from arl_models.data import read_info
+from arl_models.data import read_dataset, read_info, write_dataset
 from arl_models.lagrange import PIDConfig
-from arl_models.offline import cql_cost_limit, train_cql
-from tests.conftest import make_buffer, pendulum_info
+from arl_models.offline import cql_cost_limit, episode_start_costs, train_cql
+from tests.conftest import make_buffer, make_transitions, pendulum_info
 
 
 @pytest.mark.parametrize("horizon", [1, 200, 1000])
@@ -29,12 +29,43 @@ def test_the_budget_is_not_the_limit_of_a_discounted_value():
     assert cql_cost_limit(info, 0.0) == pytest.approx(info.cost_budget / 200)  # undiscounted: one step's share
 
 
-def test_constrained_cql_is_held_to_that_limit(tiny_dataset, tmp_path):
-    train_cql(tiny_dataset, tmp_path / "cql", steps=2, progress=False, eval_episodes=0)
+def _paying(costs_per_episode: list[list[int]], length: int = 200):
+    """Transitions whose episode ``i`` pays 1 on each step listed in ``costs_per_episode[i]``."""
+    t = make_transitions(n_episodes=len(costs_per_episode), length=length)
+    t.cost[:] = 0.0
+    for i, steps in enumerate(costs_per_episode):
+        t.cost[i * length + np.asarray(steps, dtype=int)] = 1.0
+    return t
+
+
+def test_episode_start_costs_are_discounted_from_each_episodes_first_step():
+    t = _paying([[0], [10, 20], []])
+    assert np.allclose(episode_start_costs(t, 0.9), [1.0, 0.9**10 + 0.9**20, 0.0])
+
+
+def test_data_within_budget_that_pay_early_raise_the_limit_to_what_they_pay():
+    info = pendulum_info()  # budget 12 over 200 steps: an even spread is 4.33 discounted
+    uniform = cql_cost_limit(info, 0.99)
+    early = _paying([list(range(12)), list(range(10)), list(range(40))])  # the third is over budget
+    paid = episode_start_costs(early, 0.99)[:2]
+    assert paid.mean() > uniform
+    assert cql_cost_limit(info, 0.99, data=early) == pytest.approx(paid.mean())
+    late = _paying([list(range(188, 200))] * 2)  # within budget, paid late: the even spread stays the limit
+    assert cql_cost_limit(info, 0.99, data=late) == pytest.approx(uniform)
+    over = _paying([list(range(40))] * 2)  # no episode meets the budget: nothing to calibrate on
+    assert cql_cost_limit(info, 0.99, data=over) == pytest.approx(uniform)
+
+
+def test_constrained_cql_is_held_to_that_limit(tmp_path):
+    """``train_cql`` calibrates the limit on its own data: here episodes that pay early, within budget."""
+    data = tmp_path / "early"
+    write_dataset(data, _paying([list(range(10))] * 4, length=50), pendulum_info())
+    train_cql(data, tmp_path / "cql", steps=2, progress=False, eval_episodes=0)
     cfg = read_config(tmp_path / "cql")["config"]
-    expected = cql_cost_limit(read_info(tiny_dataset), cfg["gamma"])
+    expected = cql_cost_limit(read_info(data), cfg["gamma"], data=read_dataset(data)[0])
+    assert expected > cql_cost_limit(read_info(data), cfg["gamma"])
     assert np.isclose(cfg["cost_q_limit"], expected)
-    train_cql(tiny_dataset, tmp_path / "free", steps=2, progress=False, eval_episodes=0, constrained=False)
+    train_cql(data, tmp_path / "free", steps=2, progress=False, eval_episodes=0, constrained=False)
     assert read_config(tmp_path / "free")["config"]["cost_q_limit"] is None
 
 
