@@ -9,7 +9,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from arl_models.algos.bc import BC, BCConfig
@@ -142,17 +141,8 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, 
     uniform = info.cost_budget / t * (1.0 - gamma**t) / (1.0 - gamma)
     if data is None:
         return uniform
-    paid = episode_start_costs(data, gamma)
-    within = paid[data.episode_costs() <= info.cost_budget]
+    within = data.episode_costs(gamma)[data.episode_costs() <= info.cost_budget]
     return max(uniform, float(within.mean())) if within.size else uniform
-
-
-def episode_start_costs(data: Transitions, gamma: float) -> np.ndarray:
-    """Each episode's discounted cost from its first recorded step, ``sum_t gamma^t c_t``, in episode order."""
-    _, idx = np.unique(data.episode_id, return_inverse=True)
-    first = np.full(idx.max(initial=-1) + 1, np.iinfo(np.int64).max)
-    np.minimum.at(first, idx, data.step.astype(np.int64))
-    return np.bincount(idx, weights=data.cost.astype(np.float64) * gamma ** (data.step - first[idx]))
 
 
 def train_cql(

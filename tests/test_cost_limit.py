@@ -9,7 +9,7 @@ from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.checkpoint import read_config
 from arl_models.data import read_dataset, read_info, write_dataset
 from arl_models.lagrange import PIDConfig
-from arl_models.offline import cql_cost_limit, episode_start_costs, train_cql
+from arl_models.offline import cql_cost_limit, train_cql
 from tests.conftest import make_buffer, make_transitions, pendulum_info
 
 
@@ -40,14 +40,14 @@ def _paying(costs_per_episode: list[list[int]], length: int = 200):
 
 def test_episode_start_costs_are_discounted_from_each_episodes_first_step():
     t = _paying([[0], [10, 20], []])
-    assert np.allclose(episode_start_costs(t, 0.9), [1.0, 0.9**10 + 0.9**20, 0.0])
+    assert np.allclose(t.episode_costs(0.9), [1.0, 0.9**10 + 0.9**20, 0.0])
 
 
 def test_data_within_budget_that_pay_early_raise_the_limit_to_what_they_pay():
     info = pendulum_info()  # budget 12 over 200 steps: an even spread is 4.33 discounted
     uniform = cql_cost_limit(info, 0.99)
     early = _paying([list(range(12)), list(range(10)), list(range(40))])  # the third is over budget
-    paid = episode_start_costs(early, 0.99)[:2]
+    paid = early.episode_costs(0.99)[:2]
     assert paid.mean() > uniform
     assert cql_cost_limit(info, 0.99, data=early) == pytest.approx(paid.mean())
     late = _paying([list(range(188, 200))] * 2)  # within budget, paid late: the even spread stays the limit

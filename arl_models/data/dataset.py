@@ -117,9 +117,14 @@ class Transitions:
         _, idx = np.unique(self.episode_id, return_inverse=True)
         return np.bincount(idx, weights=self.reward.astype(np.float64))
 
-    def episode_costs(self) -> np.ndarray:
+    def episode_costs(self, gamma: float = 1.0) -> np.ndarray:
+        """Cost of each episode, in episode order, discounted by ``gamma`` from its first recorded step."""
         _, idx = np.unique(self.episode_id, return_inverse=True)
-        return np.bincount(idx, weights=self.cost.astype(np.float64))
+        if gamma == 1.0:
+            return np.bincount(idx, weights=self.cost.astype(np.float64))
+        first = np.full(idx.max(initial=-1) + 1, np.iinfo(np.int64).max)
+        np.minimum.at(first, idx, self.step.astype(np.int64))
+        return np.bincount(idx, weights=self.cost.astype(np.float64) * gamma ** (self.step - first[idx]))
 
     def select(self, mask_or_idx: np.ndarray) -> Transitions:
         return Transitions(**{k: v[mask_or_idx] for k, v in self.__dict__.items()})
