@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=50, help="episodes per evaluation (fixed starts)")
     p.add_argument("--last-evals", type=int, default=3)
     p.add_argument("--conservative", default="none")
+    p.add_argument("--utd", type=float, default=1.0, help="gradient updates per environment step (both runs)")
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
     p.add_argument("--cost-margin", type=float, default=0.5, help="share of the budget the multiplier holds in reserve")
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
@@ -76,7 +77,7 @@ def main() -> None:
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
     cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, episodes_per_round=a.episodes_per_round, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative, cost_budget=a.budget, cost_margin=a.cost_margin,
+                         eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, cost_budget=a.budget, cost_margin=a.cost_margin,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
@@ -96,7 +97,7 @@ def main() -> None:
 
     report = {
         "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget, "episodes_per_round": a.episodes_per_round or a.num_envs,
-        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
+        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "utd": a.utd, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
                   "cumulative_cost": res["final"]["online/cumulative_cost"],
