@@ -48,6 +48,8 @@ def finetune_cmd(
     utd: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
     eval_every: Annotated[int, typer.Option(help="Rounds between evaluations.")] = 5,
     eval_episodes: int = 10,
+    keep_best: Annotated[bool, typer.Option(help="Keep OUT/best: the policy whose evaluation had the highest return within "
+                                            "the budget, the start's included (what to deploy; OUT itself continues).")] = True,
     preprocess: Annotated[str, typer.Option(help="Batched transform of training observations on the learner (never on the workers): none | amplitude | noise")] = "none",
     preprocess_scale: Annotated[float, typer.Option(help="amplitude: z ~ U[1-s, 1+s] per row; noise: std s x the data's std per dimension.")] = 0.1,
     vector: Annotated[str, typer.Option(help="Sync pipeline's vector env: async (worker processes) | sync")] = "async",
@@ -70,7 +72,7 @@ def finetune_cmd(
     cfg = FinetuneConfig(
         seed=seed, steps=steps, num_envs=num_envs, offline_ratio=offline_ratio, conservative=conservative,
         cost_budget=budget, cost_margin=cost_margin, constrained=constrained, pid=PIDConfig(kp=kp, ki=ki, kd=kd), utd=utd,
-        eval_every=eval_every, eval_episodes=eval_episodes, vector=vector, pipeline=pipeline, workers=pool,
+        eval_every=eval_every, eval_episodes=eval_episodes, keep_best=keep_best, vector=vector, pipeline=pipeline, workers=pool,
         preprocess=preprocess, preprocess_scale=preprocess_scale,
     )
     try:

@@ -232,9 +232,16 @@ def load_policy(path: str | Path) -> Policy:
 
 
 def save_policy(out: str | Path, actor: nn.Module, record: dict[str, Any]) -> Path:
-    """Write an actor alone (weights + config), loadable by :func:`load_policy`."""
+    """Write an actor alone (weights + config), loadable by :func:`load_policy`; the directory is
+    replaced whole, so a reader never sees one policy's weights under another's config."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()}, str(out / WEIGHTS))
-    _atomic_write_text(out / CONFIG, json.dumps(record, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file({f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()}, str(tmp / WEIGHTS))
+        (tmp / CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out

@@ -23,11 +23,17 @@ update; the environments, the workers and the replays only ever see raw observat
 
 Every episode is recorded in ``OUT/episodes.jsonl`` (return, cost, cumulative cost, multiplier);
 ``OUT/metrics.jsonl`` has one line per round under ``online/...`` and ``eval/...``.
+
+``OUT/best/`` holds the best policy the run went through: the one whose evaluation had the highest return
+at a mean cost within the budget, the start's own evaluation being the first candidate (``keep_best``).
+Online RL does not improve monotonically (a Hopper that stands in one evaluation may fall in the next), and
+the last weights are what a resumed run continues from, not necessarily what should be deployed.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,6 +50,7 @@ from arl_models.checkpoint import (
     load_train_state,
     read_config,
     save_checkpoint,
+    save_policy,
 )
 from arl_models.data.dataset import read_dataset, read_info
 from arl_models.envs.registry import TaskSpec, get_task, make_env
@@ -54,6 +61,8 @@ from arl_models.preprocess import ObsStats, make_preprocessor
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.rate_tuner import RateTargets
 from arl_models.replay import ActionScaler, ReplayBuffer
+
+BEST = "best"
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,9 @@ class FinetuneConfig:
     eval_every: int = 5
     """Rounds between deterministic evaluations (0: only at the start and the end)."""
     eval_episodes: int = 10
+    keep_best: bool = True
+    """Write ``OUT/best/`` (a policy, loadable by ``load_policy``) whenever an evaluation within the
+    budget beats every earlier one, the start's included; its config records the selection under ``selected``."""
     save_every: int = 1
     """Rounds between checkpoints."""
 
@@ -345,6 +357,8 @@ def finetune(
     rec_from = read_config(from_dir)
     spec = get_task(task) if task else get_task(rec_from["env"]["task"], rec_from["env"]["env_version"])
     budget = spec.cost_budget if cfg.cost_budget is None else cfg.cost_budget
+    if not budget > 0:
+        raise ValueError(f"the episode cost budget must be positive (the multiplier works on cost / budget), got {budget}")
     data = data or rec_from["dataset"]["path"]
     algo = build_algo(rec_from, cfg, regularizer)
     env = _env_record(rec_from, spec, budget, data)
@@ -380,6 +394,7 @@ def finetune(
         } | {k: rec_from[k] for k in ("continual",) if k in rec_from}
         for name in ("metrics.jsonl", "episodes.jsonl"):
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / BEST, ignore_errors=True)
     _truncate(out / "metrics.jsonl", "step", state.env_steps)
     _truncate(out / "episodes.jsonl", "episode", state.episodes)
     sinks = FanoutSink(JsonlSink(out / "metrics.jsonl"), sink)
@@ -404,6 +419,8 @@ def finetune(
 
     session = Session(algo, cfg, spec, budget, scaler, online, online_mc, state, record, out, sinks, update, save,
                       run_eval, progress)
+    if not resuming:
+        session.keep_best(record["initial_eval"])
     if cfg.pipeline == "async":
         from arl_models.online_async import run_async
 
@@ -457,11 +474,24 @@ class Session:
         cfg, state = self.cfg, self.state
         if cfg.eval_every and state.rounds % cfg.eval_every == 0 and cfg.eval_episodes > 0:
             latest |= self.run_eval()
+            self.keep_best(latest)
         self.sinks.log(latest, state.env_steps)
         if self.progress:
             print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
                   f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
                   f"lambda {self.algo.lagrangian.value:.3f}" + (f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}" if "eval/return" in latest else ""), flush=True)
+
+    def keep_best(self, ev: dict[str, float]) -> None:
+        """Write the current policy to ``OUT/best`` if ``ev`` (an evaluation of it) is within the budget
+        and beats the best so far (see ``FinetuneConfig.keep_best``)."""
+        if not self.cfg.keep_best or "eval/return" not in ev or ev["eval/cost"] > self.budget:
+            return
+        best = best_selection(self.out)
+        if best is not None and ev["eval/return"] <= best["return"]:
+            return
+        selected = {"step": self.state.env_steps, "return": ev["eval/return"], "cost": ev["eval/cost"],
+                    "episodes": self.cfg.eval_episodes}
+        save_policy(self.out / BEST, self.algo.actor, self.record | {"selected": selected})
 
     def finish(self, latest: dict[str, float], t0: float) -> dict[str, float]:
         """The final record (a last evaluation if the last round had none), saved with the checkpoint."""
@@ -469,12 +499,20 @@ class Session:
         final = {**latest}
         if self.cfg.eval_episodes > 0 and "eval/return" not in latest:
             final |= self.run_eval()
+            self.keep_best(final)
+        final |= {f"best/{k}": float(v) for k, v in (best_selection(self.out) or {}).items()}
         final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in self.record.get("initial_eval", {}).items()}
         final |= {"online/env_steps_total": float(state.env_steps), "online/cumulative_cost": state.cumulative_cost,
                   "online/violating_episodes": float(state.violations), "online/episodes": float(state.episodes),
                   "online/updates": float(state.updates), "wall_time_s": time.perf_counter() - t0}
         self.save(final)
         return final
+
+
+def best_selection(out: str | Path) -> dict[str, float] | None:
+    """What ``OUT/best`` was selected on (step, return, cost, episodes), or None if there is none yet."""
+    path = Path(out) / BEST / "config.json"
+    return json.loads(path.read_text())["selected"] if path.is_file() else None
 
 
 def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Round, budget: float, out: Path) -> dict[str, float]:

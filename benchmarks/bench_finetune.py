@@ -7,6 +7,10 @@ criteria: return >= 1.2 x the offline policy's (measured as improvement over |of
 negative-return tasks: ``(R - R0) >= 0.2 |R0|``), mean cost of the last evaluations <= budget, and
 cumulative cost <= 0.5 x the unconstrained run's.
 
+Each run also keeps ``OUT/best`` (the policy of its best evaluation within the budget, the start's
+included); it is evaluated again here on ``--fresh-episodes`` episodes from other starts than the ones
+it was selected on, and ``criteria_best_policy`` applies the return and cost criteria to that.
+
     python benchmarks/bench_finetune.py --task safe-pendulum --from CQL_DIR --steps 12000 --json out.json
     python benchmarks/bench_finetune.py --task safe-hopper --from HOPPER_CQL_DIR --steps 200000 --num-envs 8
 
@@ -31,14 +35,22 @@ def _run(args: tuple) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from arl_models.online import finetune
+    from arl_models.checkpoint import load_policy
+    from arl_models.envs.registry import get_task
+    from arl_models.evaluate import evaluate
+    from arl_models.online import BEST, best_selection, finetune
 
-    start, out, data, task, cfg = args
+    start, out, data, task, cfg, fresh_episodes = args
     t0 = time.perf_counter()
     final = finetune(start, out, task=task, data=data, config=cfg, progress=False)
+    wall = time.perf_counter() - t0
     rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
-    return {"final": final, "evals": evals, "wall_s": time.perf_counter() - t0}
+    best = best_selection(out)
+    if best is not None:  # other starts than the selection's (finetune evaluates from seed 12345)
+        again = evaluate(load_policy(Path(out) / BEST).act, get_task(task), fresh_episodes, seed=777_000 + cfg.seed)
+        best |= {"fresh_return": again.mean_return, "fresh_cost": again.mean_cost, "fresh_episodes": fresh_episodes}
+    return {"final": final, "evals": evals, "best": best, "wall_s": wall}
 
 
 def main() -> None:
@@ -53,6 +65,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=2, help="rounds")
     p.add_argument("--eval-episodes", type=int, default=50, help="episodes per evaluation (fixed starts)")
     p.add_argument("--last-evals", type=int, default=3)
+    p.add_argument("--fresh-episodes", type=int, default=20, help="episodes of each run's best/ policy from fresh starts")
     p.add_argument("--conservative", default="none")
     p.add_argument("--utd", type=float, default=1.0, help="gradient updates per environment step (both runs)")
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
@@ -80,7 +93,7 @@ def main() -> None:
                          eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, cost_budget=a.budget, cost_margin=a.cost_margin,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
-    jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c) for name, c in runs.items()]
+    jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c, a.fresh_episodes) for name, c in runs.items()]
     taken = [str(j[1]) for j in jobs if j[1].exists()]
     if taken and not a.resume:  # every stage resumes what its directory holds: old figures under new settings
         p.error(f"{', '.join(taken)} already exist and would be resumed; pass --resume to continue them, or another --workdir")
@@ -102,7 +115,7 @@ def main() -> None:
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
                   "cumulative_cost": res["final"]["online/cumulative_cost"],
                   "violating_episodes": res["final"]["online/violating_episodes"],
-                  "episodes": res["final"]["online/episodes"], "wall_s": res["wall_s"],
+                  "episodes": res["final"]["online/episodes"], "wall_s": res["wall_s"], "best": res["best"],
                   "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]]}
            for name, res in results.items()},
     }
@@ -111,6 +124,11 @@ def main() -> None:
         "return_20pct_above_offline": rc["last_eval_return"] - r0 >= 0.2 * abs(r0),
         "cost_at_or_below_budget": rc["last_eval_cost"] <= budget,
         "cumulative_cost_at_most_half_of_unconstrained": rc["cumulative_cost"] <= 0.5 * report["unconstrained"]["cumulative_cost"],
+    }
+    best = rc["best"]  # None only if not even the start was within the budget
+    report["criteria_best_policy"] = None if best is None else {
+        "return_20pct_above_offline": best["fresh_return"] - r0 >= 0.2 * abs(r0),
+        "cost_at_or_below_budget": best["fresh_cost"] <= budget,
     }
     text = json.dumps(report, indent=2)
     print(text)
