@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from arl_models.data.dataset import _replace_dir
+from arl_models.data.dataset import staged_dir
 from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor
 from arl_models.replay import ActionScaler
 
@@ -134,15 +132,10 @@ def save_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     weights = model_state(algo)
     opt_tensors, groups = _optimizer_tensors(algo.optimizers())
-    tmp = Path(tempfile.mkdtemp(prefix=".train_state.", dir=out))
-    try:
+    with staged_dir(out / TRAIN_STATE) as tmp:
         rng = {"rng.torch": torch.get_rng_state()}
         save_file({**weights, **opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "state.safetensors"))
         (tmp / "state.json").write_text(json.dumps({"param_groups": groups, "extra": algo.extra_state()}))
-        _replace_dir(tmp, out / TRAIN_STATE)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     tmp_w = out / f".{WEIGHTS}.tmp"
     save_file(weights, str(tmp_w))
     os.replace(tmp_w, out / WEIGHTS)
@@ -235,13 +228,7 @@ def save_policy(out: str | Path, actor: nn.Module, record: dict[str, Any]) -> Pa
     """Write an actor alone (weights + config), loadable by :func:`load_policy`; the directory is
     replaced whole, so a reader never sees one policy's weights under another's config."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_dir(out) as tmp:
         save_file({f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()}, str(tmp / WEIGHTS))
         (tmp / CONFIG).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

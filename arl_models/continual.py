@@ -47,7 +47,7 @@ from arl_models.checkpoint import (
 )
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
-from arl_models.evaluate import evaluate
+from arl_models.evaluate import EVAL_SEED, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.offline import cql_cost_limit, dataset_record, env_record, live_eval
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
@@ -90,7 +90,7 @@ def version_key(info: DatasetInfo) -> str:
     return f"{info.task}@{info.env_version}"
 
 
-def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int = 12345) -> float:
+def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int = EVAL_SEED) -> float:
     """Normalised score (or raw return without reference scores) of a checkpoint on a dataset's version."""
     policy = load_policy(policy_dir)
     res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=seed)

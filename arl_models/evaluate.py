@@ -10,6 +10,9 @@ import numpy as np
 
 from arl_models.envs.registry import TaskSpec, get_task, make_env
 
+EVAL_SEED = 12345
+"""First episode seed of the stages' own evaluations (episode ``i`` starts from ``EVAL_SEED + i``)."""
+
 ActFn = Callable[[np.ndarray], np.ndarray]
 """Maps a batch of observations ``(n, O)`` to environment actions ``(n, A)``."""
 

@@ -16,7 +16,7 @@ from arl_models.algos.cql import CQL, CQLConfig
 from arl_models.checkpoint import config_record, load_policy, read_config
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import context_dim_of, get_task
-from arl_models.evaluate import EvalResult, evaluate
+from arl_models.evaluate import EVAL_SEED, EvalResult, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.presets import get_preset
 from arl_models.prioritized import PERConfig, PrioritizedReplay
@@ -44,7 +44,7 @@ def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
 
 
 def evaluate_checkpoint(
-    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = 12345
+    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = EVAL_SEED
 ) -> EvalResult:
     """Evaluate a checkpoint on its own task (or ``task``), with the reference scores it was trained with."""
     policy = load_policy(policy_dir)
@@ -67,7 +67,7 @@ def live_eval(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes:
         refs = (info.ref_random_return, info.ref_expert_return)
 
     def run() -> dict[str, float]:
-        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=12345, ref_scores=refs).metrics(prefix)
+        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=EVAL_SEED, ref_scores=refs).metrics(prefix)
 
     return run
 

@@ -54,7 +54,7 @@ from arl_models.checkpoint import (
 )
 from arl_models.data.dataset import read_dataset, read_info
 from arl_models.envs.registry import TaskSpec, get_task, make_env
-from arl_models.evaluate import evaluate
+from arl_models.evaluate import EVAL_SEED, evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.preprocess import ObsStats, make_preprocessor
@@ -375,7 +375,7 @@ def finetune(
 
     def run_eval() -> dict[str, float]:
         act = lambda o: scaler.unnormalize(algo.act(o))  # noqa: E731
-        return evaluate(act, spec, cfg.eval_episodes, seed=12345, cost_budget=budget, ref_scores=refs).metrics()
+        return evaluate(act, spec, cfg.eval_episodes, seed=EVAL_SEED, cost_budget=budget, ref_scores=refs).metrics()
 
     if resuming:
         record = read_config(out)

@@ -47,7 +47,7 @@ def _run(args: tuple) -> dict:
     rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
     best = best_selection(out)
-    if best is not None:  # other starts than the selection's (finetune evaluates from seed 12345)
+    if best is not None:  # other starts than the ones it was selected on (arl_models.evaluate.EVAL_SEED onwards)
         again = evaluate(load_policy(Path(out) / BEST).act, get_task(task), fresh_episodes, seed=777_000 + cfg.seed)
         best |= {"fresh_return": again.mean_return, "fresh_cost": again.mean_cost, "fresh_episodes": fresh_episodes}
     return {"final": final, "evals": evals, "best": best, "wall_s": wall}
@@ -119,17 +119,15 @@ def main() -> None:
                   "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]]}
            for name, res in results.items()},
     }
+    def return_and_cost(ret: float, cost: float) -> dict[str, bool]:
+        return {"return_20pct_above_offline": ret - r0 >= 0.2 * abs(r0), "cost_at_or_below_budget": cost <= budget}
+
     rc = report["constrained"]
-    report["criteria"] = {
-        "return_20pct_above_offline": rc["last_eval_return"] - r0 >= 0.2 * abs(r0),
-        "cost_at_or_below_budget": rc["last_eval_cost"] <= budget,
+    report["criteria"] = return_and_cost(rc["last_eval_return"], rc["last_eval_cost"]) | {
         "cumulative_cost_at_most_half_of_unconstrained": rc["cumulative_cost"] <= 0.5 * report["unconstrained"]["cumulative_cost"],
     }
     best = rc["best"]  # None only if not even the start was within the budget
-    report["criteria_best_policy"] = None if best is None else {
-        "return_20pct_above_offline": best["fresh_return"] - r0 >= 0.2 * abs(r0),
-        "cost_at_or_below_budget": best["fresh_cost"] <= budget,
-    }
+    report["criteria_best_policy"] = None if best is None else return_and_cost(best["fresh_return"], best["fresh_cost"])
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:

@@ -20,6 +20,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,8 +122,6 @@ class Transitions:
     def episode_costs(self, gamma: float = 1.0) -> np.ndarray:
         """Cost of each episode, in episode order, discounted by ``gamma`` from its first recorded step."""
         _, idx = np.unique(self.episode_id, return_inverse=True)
-        if gamma == 1.0:
-            return np.bincount(idx, weights=self.cost.astype(np.float64))
         first = np.full(idx.max(initial=-1) + 1, np.iinfo(np.int64).max)
         np.minimum.at(first, idx, self.step.astype(np.int64))
         return np.bincount(idx, weights=self.cost.astype(np.float64) * gamma ** (self.step - first[idx]))
@@ -186,14 +186,9 @@ def write_dataset(path: str | Path, transitions: Transitions, info: DatasetInfo)
     table = to_table(transitions)
     n_eps = int(np.unique(transitions.episode_id).size)
     info = DatasetInfo(**{**asdict(info), "num_transitions": len(transitions), "num_episodes": n_eps})
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
+    with staged_dir(path) as tmp:
         pq.write_table(table, tmp / TRANSITIONS_FILE, compression="zstd")
         (tmp / SIDECAR_FILE).write_text(json.dumps(asdict(info), indent=2) + "\n")
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 
@@ -227,6 +222,20 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
     )
     write_dataset(out, Transitions.concat([read_dataset(p)[0] for p in paths]), info)
     return read_info(out)
+
+
+@contextmanager
+def staged_dir(dst: Path) -> Iterator[Path]:
+    """A temporary sibling of ``dst`` to build in; on success it replaces ``dst`` whole (:func:`_replace_dir`),
+    on failure it is removed and ``dst`` is left as it was."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    try:
+        yield tmp
+        _replace_dir(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
