@@ -9,8 +9,13 @@ A stage's output directory::
       metrics.jsonl         one line per logging interval (appended while training)
       train_state/          what resuming needs: weights, optimiser moments, RNG, step, multipliers;
                             replaced atomically at each save
+      best/                 fine-tuning only: the policy the stage hands over (its best evaluation
+                            within the cost budget), a policy directory of its own
 
 :func:`load_policy` rebuilds just the actor for acting, from ``config.json`` and the weights.
+:func:`handed_over` names the policy a stage hands over: ``best/`` where there is one, else the stage's
+own weights. Training continues from the stage's weights and ``train_state/``; serving, the pipeline's
+evaluation and gate, and continual learning's forgetting use the handed-over policy.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ WEIGHTS = "weights.safetensors"
 CONFIG = "config.json"
 METRICS = "metrics.json"
 TRAIN_STATE = "train_state"
+BEST = "best"
 
 
 class Algorithm(Protocol):
@@ -209,6 +215,13 @@ class Policy:
         a = self.actor.act(o.unsqueeze(0) if single else o, deterministic).numpy()
         a = self.scaler.unnormalize(a)
         return a[0] if single else a
+
+
+def handed_over(checkpoint: str | Path) -> Path:
+    """The policy directory a stage hands over: ``checkpoint/best`` where the stage kept one, else
+    ``checkpoint`` itself."""
+    best = Path(checkpoint) / BEST
+    return best if (best / CONFIG).is_file() else Path(checkpoint)
 
 
 def load_policy(path: str | Path) -> Policy:

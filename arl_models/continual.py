@@ -40,6 +40,7 @@ from arl_models.algos.calql import CalQL, CalQLConfig
 from arl_models.algos.ewc import EWCConfig, EWCPenalty, compute_fisher, current_anchor
 from arl_models.checkpoint import (
     config_from_dict,
+    handed_over,
     has_train_state,
     load_policy,
     load_train_state,
@@ -217,11 +218,14 @@ def _history(from_dir: Path) -> dict[str, float]:
 
 
 def _report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -> dict[str, Any]:
-    """Scores on every version, forgetting on the earlier ones, against the chain's best earlier scores."""
+    """Scores on every version, forgetting on the earlier ones, against the chain's best earlier scores.
+
+    Both ends are scored by the policy they hand over (``handed_over``: a fine-tuning stage's ``best/``),
+    so forgetting is measured against what was served, while training continued from the last weights."""
     best = _history(start)
     keys = [version_key(i) for i in infos]
-    start_scores = {k: score_on(start, i, episodes) for k, i in zip(keys, infos, strict=True)}
-    scores = {k: score_on(final, i, episodes) for k, i in zip(keys, infos, strict=True)}
+    start_scores = {k: score_on(handed_over(start), i, episodes) for k, i in zip(keys, infos, strict=True)}
+    scores = {k: score_on(handed_over(final), i, episodes) for k, i in zip(keys, infos, strict=True)}
     earlier = keys[:-1]
     for k in earlier:
         best[k] = max(best.get(k, -np.inf), start_scores[k])

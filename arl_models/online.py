@@ -27,7 +27,9 @@ Every episode is recorded in ``OUT/episodes.jsonl`` (return, cost, cumulative co
 ``OUT/best/`` holds the best policy the run went through: the one whose evaluation had the highest return
 at a mean cost within the budget, the start's own evaluation being the first candidate (``keep_best``).
 Online RL does not improve monotonically (a Hopper that stands in one evaluation may fall in the next), and
-the last weights are what a resumed run continues from, not necessarily what should be deployed.
+the last weights are what a resumed run continues from, not necessarily what should be deployed. What is
+served, evaluated by the pipeline and gated is ``best/`` (``checkpoint.handed_over``); what continual
+learning continues is the last weights with their critics and ``train_state/``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ import torch
 
 from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, Regularizer, mc_returns
 from arl_models.checkpoint import (
+    BEST,
+    CONFIG,
     config_from_dict,
     has_train_state,
     load_train_state,
@@ -61,8 +65,6 @@ from arl_models.preprocess import ObsStats, make_preprocessor
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.rate_tuner import RateTargets
 from arl_models.replay import ActionScaler, ReplayBuffer
-
-BEST = "best"
 
 
 @dataclass(frozen=True)
@@ -511,7 +513,7 @@ class Session:
 
 def best_selection(out: str | Path) -> dict[str, float] | None:
     """What ``OUT/best`` was selected on (step, return, cost, episodes), or None if there is none yet."""
-    path = Path(out) / BEST / "config.json"
+    path = Path(out) / BEST / CONFIG
     return json.loads(path.read_text())["selected"] if path.is_file() else None
 
 

@@ -35,10 +35,10 @@ def _run(args: tuple) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from arl_models.checkpoint import load_policy
+    from arl_models.checkpoint import BEST, load_policy
     from arl_models.envs.registry import get_task
     from arl_models.evaluate import evaluate
-    from arl_models.online import BEST, best_selection, finetune
+    from arl_models.online import best_selection, finetune
 
     start, out, data, task, cfg, fresh_episodes = args
     t0 = time.perf_counter()

@@ -20,21 +20,30 @@ from tasks import registry, tracking
 def evaluate_policy(
     checkpoint: str, stage: str, parent_run_id: str, tracking_uri: str, episodes: int = 10, seed: int = 12345
 ) -> dict[str, Any]:
-    """Episodes of the policy in its own task; returns the gate's inputs (score, mean cost) and all metrics.
+    """Episodes of the policy the stage hands over (``best/`` of a fine-tuning checkpoint, else the
+    checkpoint's own weights), in its own task; returns the gate's inputs (score, mean cost) and all metrics.
 
     ``score`` is the normalised score (0 random, 100 expert) where the dataset has reference returns,
     else the mean return.
     """
+    from arl_models.checkpoint import handed_over
     from arl_models.offline import evaluate_checkpoint
 
+    policy = handed_over(checkpoint)
     run_id = tracking.start_stage_run(
         parent_run_id,
         "evaluate",
-        params={"policy_stage": stage, "episodes": episodes, "seed": seed, "checkpoint": checkpoint},
+        params={
+            "policy_stage": stage,
+            "episodes": episodes,
+            "seed": seed,
+            "checkpoint": checkpoint,
+            "policy": str(policy),
+        },
         tracking_uri=tracking_uri,
     )
     try:
-        res = evaluate_checkpoint(checkpoint, episodes=episodes, seed=seed)
+        res = evaluate_checkpoint(policy, episodes=episodes, seed=seed)
         metrics = res.metrics()
         with tracking.MlflowSink(run_id, tracking_uri=tracking_uri) as sink:
             sink.log(metrics, 0)

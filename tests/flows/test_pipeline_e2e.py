@@ -94,6 +94,28 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert c.get_run(second["run_id"]).data.tags["arl.promotion"] == "challenger"
 
 
+def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(demo_version: dict) -> None:
+    """With evaluations during fine-tuning the stage keeps ``best/``: the final evaluation, the gate and the
+    registered model use that policy; the stage's own weights stay what training continues from."""
+    import mlflow.pyfunc
+    import numpy as np
+
+    from arl_models.checkpoint import load_policy
+
+    # at this seed the start's own evaluation is within the task's budget (at 3 and 6 it is not: no best/)
+    result = _run(demo_version, seed=4, training={"eval_episodes": 2})
+    finetune = result["stages"]["finetune"]
+    best = Path(finetune["checkpoint"]) / "best"
+    assert (best / "config.json").is_file() and finetune["metrics"]["best/episodes"] == 2
+    assert _children(result["run_id"])["evaluate"].data.params["policy"] == str(best)
+    mlflow.set_tracking_uri(_uri())
+    version = result["versions"][-1]
+    assert version["stage"] == "finetune"
+    obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    served = mlflow.pyfunc.load_model(f"models:/{MODEL}/{version['version']}").predict(obs)
+    np.testing.assert_allclose(served, load_policy(best).act(obs), rtol=1e-6)
+
+
 def test_broken_metadata_stops_the_flow_before_training(demo_version: dict, tmp_path: Path) -> None:
     from flow_data import write_pendulum
     from prefect.client.orchestration import get_client

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from arl_models.checkpoint import load_policy, read_config
+from arl_models.checkpoint import BEST, handed_over, load_policy, read_config
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import EVAL_SEED, evaluate
-from arl_models.online import BEST, FinetuneConfig, OnlineState, Session, best_selection, build_algo, finetune
+from arl_models.online import FinetuneConfig, OnlineState, Session, best_selection, build_algo, finetune
 
 TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episodes=2, eval_every=1, batch_size=32)
 
@@ -57,8 +57,10 @@ def test_a_run_keeps_the_best_of_its_evaluations_and_that_policy_scores_it_again
     assert len(evals) >= 3 and (len(eligible) == len(evals) if budget > 1 else not eligible)
     if not eligible:  # the pendulum's effort cost is positive on every evaluation
         assert best_selection(out) is None and "best/return" not in final
+        assert handed_over(out) == out, "without best/ the stage hands over its own weights"
         return
     best = best_selection(out)
+    assert handed_over(out) == out / BEST
     assert best["return"] == max(e["eval/return"] for e in eligible) == final["best/return"]
     again = evaluate(load_policy(out / BEST).act, get_task("safe-pendulum"), 2, seed=EVAL_SEED)
     assert again.mean_return == pytest.approx(best["return"], rel=1e-5), "best/ holds the weights it was selected on"

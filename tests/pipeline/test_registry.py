@@ -37,6 +37,7 @@ def fake_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stand-in for ``arl_models.checkpoint.load_policy``: a JSON weight matrix (tests the wiring only)."""
     module = types.ModuleType("arl_models.checkpoint")
     module.load_policy = lambda path: _LinearPolicy(np.array(json.loads((Path(path) / "w.json").read_text())))
+    module.handed_over = Path
     monkeypatch.setitem(sys.modules, "arl_models.checkpoint", module)
 
 
@@ -138,10 +139,16 @@ def test_real_checkpoint_round_trip(mlflow_uri: str, run_id: str, tmp_path: Path
     }
     record = {"algo": "sac", "config": {"hidden": [16, 16]}, "env": env}
     ckpt = save_policy(tmp_path / "ckpt", TanhGaussianActor(3, 2, (16, 16)), record)
-    reg = registry.register_policy(
-        ckpt, model_name="arl-real", run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri
-    )
     mlflow.set_tracking_uri(mlflow_uri)
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
-    served = mlflow.pyfunc.load_model(f"models:/arl-real/{reg.version}").predict(obs)
-    np.testing.assert_allclose(served, load_policy(ckpt).act(obs, deterministic=True), rtol=1e-6)
+
+    def served(name: str) -> np.ndarray:
+        reg = registry.register_policy(ckpt, model_name=name, run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri)
+        return mlflow.pyfunc.load_model(f"models:/{name}/{reg.version}").predict(obs)
+
+    np.testing.assert_allclose(served("arl-real"), load_policy(ckpt).act(obs, deterministic=True), rtol=1e-6)
+    # a fine-tuning stage's checkpoint holds the policy it hands over in best/: that one is served
+    save_policy(ckpt / "best", TanhGaussianActor(3, 2, (16, 16)), record)
+    best = load_policy(ckpt / "best").act(obs, deterministic=True)
+    assert not np.allclose(best, load_policy(ckpt).act(obs, deterministic=True))
+    np.testing.assert_allclose(served("arl-real-best"), best, rtol=1e-6)
