@@ -151,6 +151,18 @@ def save_checkpoint(
     return out
 
 
+def finished(out: str | Path, steps: int) -> dict[str, Any] | None:
+    """The final metrics record of a checkpoint that completed ``steps`` (gradient steps, or environment
+    steps for fine-tuning), else None. A stage asked to train a finished checkpoint returns this instead
+    of touching it."""
+    f = Path(out) / METRICS
+    if not f.is_file():
+        return None
+    metrics = json.loads(f.read_text())
+    done = metrics.get("steps", metrics.get("online/env_steps_total", 0))
+    return metrics if done >= steps and "wall_time_s" in metrics else None
+
+
 def has_train_state(out: str | Path) -> bool:
     return (Path(out) / TRAIN_STATE / "state.json").is_file()
 

@@ -50,6 +50,7 @@ from arl_models.checkpoint import (
     BEST,
     CONFIG,
     config_from_dict,
+    finished,
     has_train_state,
     load_train_state,
     read_config,
@@ -346,8 +347,9 @@ def finetune(
     sink: MetricSink | None = None, progress: bool = True, stop_after_rounds: int | None = None,
 ) -> dict[str, float]:
     """Fine-tune the checkpoint in ``from_dir`` online; writes a checkpoint to ``out`` and returns the
-    final metrics record. ``out`` holding a ``train_state`` resumes it. ``stop_after_rounds`` ends the
-    call early (checkpoint included), as an interruption would.
+    final metrics record. ``out`` holding a ``train_state`` resumes it; one that already finished
+    ``config.steps`` is left as it is and its record returned. ``stop_after_rounds`` ends the call early
+    (checkpoint included), as an interruption would.
     """
     cfg, out = config, Path(out)
     if cfg.pipeline not in ("sync", "async"):
@@ -356,6 +358,9 @@ def finetune(
         raise ValueError(f"cost_margin is a share of the budget in [0, 1), got {cfg.cost_margin}")
     out.mkdir(parents=True, exist_ok=True)
     resuming = has_train_state(out)
+    done = finished(out, cfg.steps) if resuming else None
+    if done is not None:
+        return done
     rec_from = read_config(from_dir)
     spec = get_task(task) if task else get_task(rec_from["env"]["task"], rec_from["env"]["env_version"])
     budget = spec.cost_budget if cfg.cost_budget is None else cfg.cost_budget

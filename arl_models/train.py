@@ -14,7 +14,7 @@ from typing import Any, Protocol, cast
 
 from tqdm.auto import tqdm
 
-from arl_models.checkpoint import Algorithm, has_train_state, load_train_state, save_checkpoint
+from arl_models.checkpoint import Algorithm, finished, has_train_state, load_train_state, save_checkpoint
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.prioritized import PrioritizedReplay, TDLearner, prioritized_update
 from arl_models.replay import Batch
@@ -51,7 +51,8 @@ def fit(
     stop_after: int | None = None,
     prioritized: PrioritizedReplay | None = None,
 ) -> dict[str, float]:
-    """Run ``algo.update(sample())`` until ``algo.step == steps``; returns the final metrics record.
+    """Run ``algo.update(sample())`` until ``algo.step == steps``; returns the final metrics record (a
+    checkpoint in ``out`` that already finished ``steps`` is left as it is and its record returned).
 
     ``stop_after`` ends the call early after that many steps in this call (checkpoint included): it
     is how tests simulate an interruption. With ``prioritized`` each step draws its batch from that
@@ -60,6 +61,9 @@ def fit(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"
+    done = finished(out, steps) if has_train_state(out) else None
+    if done is not None:
+        return done
     if has_train_state(out):
         left = load_train_state(out, algo)
         if prioritized is not None:

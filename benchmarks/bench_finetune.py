@@ -16,41 +16,71 @@ it was selected on, and ``criteria_best_policy`` applies the return and cost cri
 
 Without ``--from``, ``--data`` and ``--cql-steps`` train the CQL start first (``train_cql``, demo preset,
 constrained).
+
+The unconstrained baseline does not depend on the constraint's settings (gains, margin), so it is kept in
+``--baselines`` under a key of everything it does depend on (the start's weights, the data, the task, the
+seed and the other fine-tuning settings) and reused by every later run with the same key: runs that vary
+the constraint train one branch each. Runs side by side that need the same baseline train it once (a file
+lock); one interrupted resumes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
 import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
 
+def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) -> Path:
+    """Where the unconstrained baseline of ``cfg`` lives: named by a hash of what it depends on."""
+    from arl_models.lagrange import PIDConfig
+    from arl_models.online import FinetuneConfig
+
+    unconstrained = replace(cfg, constrained=False, pid=PIDConfig(), cost_margin=FinetuneConfig.cost_margin)
+    weights = hashlib.md5((start / "weights.safetensors").read_bytes()).hexdigest()
+    what = {"start": weights, "data": str(data), "task": task, "config": asdict(unconstrained)}
+    key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
+
+
 def _run(args: tuple) -> dict:
+    start, out, data, task, cfg, fresh_episodes = args
+    if cfg.constrained:
+        return _finetune(start, out, data, task, cfg, fresh_episodes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:  # one run trains it, the others wait and reuse
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _finetune(start, out, data, task, cfg, fresh_episodes)
+
+
+def _finetune(start: Path, out: Path, data: Path | None, task: str, cfg, fresh_episodes: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from arl_models.checkpoint import BEST, load_policy
+    from arl_models.checkpoint import BEST, finished, load_policy
     from arl_models.envs.registry import get_task
     from arl_models.evaluate import evaluate
     from arl_models.online import best_selection, finetune
 
-    start, out, data, task, cfg, fresh_episodes = args
+    reused = finished(out, cfg.steps) is not None
     t0 = time.perf_counter()
     final = finetune(start, out, task=task, data=data, config=cfg, progress=False)
-    wall = time.perf_counter() - t0
+    wall = None if reused else time.perf_counter() - t0  # a reused baseline's time is in the run that trained it
     rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
     best = best_selection(out)
     if best is not None:  # other starts than the ones it was selected on (arl_models.evaluate.EVAL_SEED onwards)
         again = evaluate(load_policy(Path(out) / BEST).act, get_task(task), fresh_episodes, seed=777_000 + cfg.seed)
         best |= {"fresh_return": again.mean_return, "fresh_cost": again.mean_cost, "fresh_episodes": fresh_episodes}
-    return {"final": final, "evals": evals, "best": best, "wall_s": wall}
+    return {"final": final, "evals": evals, "best": best, "wall_s": wall, "dir": str(out), "reused": reused}
 
 
 def main() -> None:
@@ -75,7 +105,9 @@ def main() -> None:
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
-    p.add_argument("--resume", action="store_true", help="continue the runs already in --workdir (default: refuse them)")
+    p.add_argument("--baselines", type=Path, default=Path("/tmp/arl-bench-finetune-baselines"),
+                   help="where unconstrained baselines are kept and reused by runs that differ only in the constraint")
+    p.add_argument("--resume", action="store_true", help="continue the constrained run already in --workdir (default: refuse it)")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
 
@@ -93,10 +125,11 @@ def main() -> None:
                          eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, cost_budget=a.budget, cost_margin=a.cost_margin,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
-    jobs = [(start, a.workdir / f"{a.task}-{name}-s{a.seed}", a.data, a.task, c, a.fresh_episodes) for name, c in runs.items()]
-    taken = [str(j[1]) for j in jobs if j[1].exists()]
-    if taken and not a.resume:  # every stage resumes what its directory holds: old figures under new settings
-        p.error(f"{', '.join(taken)} already exist and would be resumed; pass --resume to continue them, or another --workdir")
+    dirs = {"constrained": a.workdir / f"{a.task}-constrained-s{a.seed}",
+            "unconstrained": _baseline_dir(a.baselines, start, a.data, a.task, cfg)}
+    jobs = [(start, dirs[name], a.data, a.task, c, a.fresh_episodes) for name, c in runs.items()]
+    if dirs["constrained"].exists() and not a.resume:  # a stage resumes what its directory holds: old figures under new settings
+        p.error(f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, or another --workdir")
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
     with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
         results = dict(zip(runs, pool.map(_run, jobs), strict=True))
@@ -116,6 +149,7 @@ def main() -> None:
                   "cumulative_cost": res["final"]["online/cumulative_cost"],
                   "violating_episodes": res["final"]["online/violating_episodes"],
                   "episodes": res["final"]["online/episodes"], "wall_s": res["wall_s"], "best": res["best"],
+                  "dir": res["dir"], "reused": res["reused"],
                   "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]]}
            for name, res in results.items()},
     }

@@ -85,14 +85,11 @@ def checkpoint_dir(runs_dir: str | Path, dataset_md5: str, stage: str, key: str)
 
 
 def _finished(out: Path, stage: str, steps: int) -> dict[str, float] | None:
-    """The final metrics of a checkpoint that completed ``steps``, else None."""
-    f = out / "metrics.json"
-    if not f.is_file():
-        return None
-    metrics = json.loads(f.read_text())
-    done = metrics.get("steps", metrics.get("online/env_steps_total", 0))
-    complete = "wall_time_s" in metrics and COMPLETION_KEY.get(stage, "wall_time_s") in metrics
-    return metrics if done >= steps and complete else None
+    """The final metrics of a checkpoint that completed ``steps`` (and, for EWC, measured forgetting)."""
+    from arl_models.checkpoint import finished
+
+    metrics = finished(out, steps)
+    return metrics if metrics is not None and COMPLETION_KEY.get(stage, "wall_time_s") in metrics else None
 
 
 def _target_steps(stage: str, settings: dict[str, Any]) -> int:

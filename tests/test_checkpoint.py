@@ -67,6 +67,10 @@ def test_resume_after_interrupt_reaches_the_same_weights(tiny_dataset, tmp_path,
         assert torch.equal(a[k], b[k]), k
     steps = [json.loads(line)["step"] for line in (parts / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps))  # no duplicated log lines after resuming
+    # asked again, the finished checkpoint is left as it is and its record returned
+    files = {f: f.read_bytes() for f in parts.rglob("*") if f.is_file()}
+    assert train_cql(tiny_dataset, parts, steps=60, seed=5, **TINY) == second
+    assert files == {f: f.read_bytes() for f in parts.rglob("*") if f.is_file()}
 
 
 def test_cql_starts_from_a_bc_actor(tiny_dataset, tmp_path):

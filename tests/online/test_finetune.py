@@ -191,6 +191,11 @@ def test_resume_after_interrupt_gives_the_same_weights(tiny_cql, pendulum_data, 
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k  # weights, optimisers, online replay, counters
     assert (tmp_path / "a" / "episodes.jsonl").read_text() == (tmp_path / "b" / "episodes.jsonl").read_text()
+    # asked again, the finished run is left as it is (no extra evaluation, no rewritten record)
+    files = {f: f.read_bytes() for f in (tmp_path / "b").rglob("*") if f.is_file()}
+    again = finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False)
+    assert again == json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert files == {f: f.read_bytes() for f in (tmp_path / "b").rglob("*") if f.is_file()}
 
 
 def test_cli_finetune_with_worker_processes(tiny_cql, pendulum_data, tmp_path):
