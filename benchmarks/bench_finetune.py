@@ -98,6 +98,7 @@ def main() -> None:
     p.add_argument("--fresh-episodes", type=int, default=20, help="episodes of each run's best/ policy from fresh starts")
     p.add_argument("--conservative", default="none")
     p.add_argument("--utd", type=float, default=1.0, help="gradient updates per environment step (both runs)")
+    p.add_argument("--offline-ratio", type=float, default=0.5, help="share of each batch from the offline data (both runs)")
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
     p.add_argument("--cost-margin", type=float, default=0.5, help="share of the budget the multiplier holds in reserve")
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
@@ -122,7 +123,7 @@ def main() -> None:
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
     cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, episodes_per_round=a.episodes_per_round, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, cost_budget=a.budget, cost_margin=a.cost_margin,
+                         eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, offline_ratio=a.offline_ratio, cost_budget=a.budget, cost_margin=a.cost_margin,
                          pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     dirs = {"constrained": a.workdir / f"{a.task}-constrained-s{a.seed}",
@@ -143,7 +144,7 @@ def main() -> None:
 
     report = {
         "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget, "episodes_per_round": a.episodes_per_round or a.num_envs,
-        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "utd": a.utd, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
+        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "utd": a.utd, "offline_ratio": a.offline_ratio, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
         **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
                   "cumulative_cost": res["final"]["online/cumulative_cost"],
