@@ -147,6 +147,29 @@ def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pen
     assert json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"] == "safe-pendulum@1.1.0"
 
 
+def test_forgetting_is_measured_against_the_policy_the_start_hands_over(tiny_cql, pendulum_data, tmp_path):
+    """A fine-tuned start serves ``best/``: the chain's earlier scores are that policy's, while training
+    continues from the start's own weights."""
+    import shutil
+
+    from arl_models.checkpoint import read_config, save_policy
+    from arl_models.continual import score_on
+
+    start = tmp_path / "start"
+    shutil.copytree(tiny_cql, start)
+    rec = read_config(start)
+    torch.manual_seed(1)
+    save_policy(start / "best", TanhGaussianActor(3, 1, tuple(rec["config"]["hidden"])), rec)
+    new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
+    cfg = ContinualConfig(steps=5, ewc=EWCConfig(samples=32), eval_episodes=1, baseline=False)
+    report = train_continual(start, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
+    old = read_dataset(pendulum_data)[1]
+    served, own = score_on(start / "best", old, 1), score_on(start, old, 1)
+    assert served != own
+    assert report["ewc"]["start_scores"]["safe-pendulum@1.0.0"] == served
+    assert read_config(tmp_path / "cl")["from"] == str(start)
+
+
 def test_rehearsal_batches_hold_the_earlier_versions_at_the_exact_share(pendulum_data, tmp_path):
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
     t_new, info = read_dataset(new)
