@@ -18,6 +18,8 @@ leave ``W`` untouched (its gradient is proportional to ``c``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import torch
@@ -26,9 +28,6 @@ from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
-LAYOUT_VERSION = 2
-"""Bumped when the networks' parameters change (2: the actor's action-mean FiLM, 2026-12-05). The pipeline
-keys its cached stages on it, so a cached checkpoint of an older layout is retrained rather than loaded."""
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.Sequential:
@@ -229,3 +228,16 @@ def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weigh
     if context_lr_scale == 1.0 or not film:
         return adam(net.parameters(), lr, weight_decay)  # the module's order: what saved optimizer states index
     return adam([{"params": rest}, {"params": film, "lr": lr * context_lr_scale}], lr, weight_decay)
+
+
+def layout_signature() -> str:
+    """A hash of every network's parameter names and shapes, built at a small reference size with a
+    context: it changes whenever the networks' parameters do. The pipeline keys its cached stages on it,
+    so a cached checkpoint of an older layout is retrained rather than loaded."""
+    nets = {
+        "critic": EnsembleCritic(3, 2, (4, 4), ensemble=2, context_dim=1),
+        "deterministic": DeterministicActor(3, 2, (4, 4), context_dim=1),
+        "gaussian": TanhGaussianActor(3, 2, (4, 4), context_dim=1),
+    }
+    layout = {k: [(n, list(p.shape)) for n, p in net.named_parameters()] for k, net in nets.items()}
+    return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:16]

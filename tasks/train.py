@@ -64,7 +64,7 @@ def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_k
             "dataset": dataset_md5,
             "settings": settings,
             "library": library_config(stage, settings["preset"]),
-            "layout": nets.LAYOUT_VERSION,
+            "layout": nets.layout_signature(),
             "upstream": upstream_key,
         },
         sort_keys=True,

@@ -1,6 +1,7 @@
 """The pipeline's cache key: a stage is reused only when everything that determines its output is the same."""
 
 import pytest
+import torch
 
 from arl_models import nets
 from tasks.train import stage_key
@@ -16,7 +17,13 @@ def _keys() -> dict[str, str]:
 def test_a_new_network_layout_retrains_every_cached_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     before = _keys()
     assert _keys() == before and len(set(before.values())) == len(STAGES)
-    monkeypatch.setattr(nets, "LAYOUT_VERSION", nets.LAYOUT_VERSION + 1)
+    built = nets.TanhGaussianActor.__init__
+
+    def with_a_new_parameter(self, *args, **kwargs) -> None:  # a network that gained a weight
+        built(self, *args, **kwargs)
+        self.gate = torch.nn.Parameter(torch.zeros(2))
+
+    monkeypatch.setattr(nets.TanhGaussianActor, "__init__", with_a_new_parameter)
     after = _keys()
     assert all(after[s] != before[s] for s in STAGES)
 
