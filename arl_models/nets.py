@@ -29,7 +29,6 @@ from torch import nn
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.Sequential:
     layers: list[nn.Module] = []
     d = in_dim

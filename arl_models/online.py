@@ -360,6 +360,8 @@ def finetune(
     resuming = has_train_state(out)
     done = finished(out, cfg.steps) if resuming else None
     if done is not None:
+        if progress:
+            print(f"[finetune] {out} finished {cfg.steps} steps already: its record is returned, nothing is trained", flush=True)
         return done
     rec_from = read_config(from_dir)
     spec = get_task(task) if task else get_task(rec_from["env"]["task"], rec_from["env"]["env_version"])

@@ -63,6 +63,8 @@ def fit(
     log_path = out / "metrics.jsonl"
     done = finished(out, steps) if has_train_state(out) else None
     if done is not None:
+        if progress:
+            print(f"{out} finished {steps} steps already: its record is returned, nothing is trained", flush=True)
         return done
     if has_train_state(out):
         left = load_train_state(out, algo)
