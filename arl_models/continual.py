@@ -50,7 +50,7 @@ from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import EVAL_SEED, evaluate
 from arl_models.metrics import MetricSink
-from arl_models.offline import cql_cost_limit, dataset_record, env_record, live_eval
+from arl_models.offline import dataset_record, env_record, held_to_budget, live_eval
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
 from arl_models.replay import ActionScaler, Batch, ReplayBuffer
 from arl_models.train import fit
@@ -106,12 +106,8 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     rec = read_config(from_dir)
     cfg = config_from_dict(CalQLConfig, rec["config"])
     constrained = (cfg.cost_q_limit is not None or cfg.external_multiplier) and info.cost_budget is not None
-    starts = t.obs[t.step == 0]
-    limit = cql_cost_limit(info, cfg.gamma, data=t) if constrained else None
-    cfg = replace(cfg, conservative="cql", external_multiplier=False, cost_q_limit=limit)
-    algo = CalQL(info.obs_dim, info.action_dim, cfg)
-    if constrained and len(starts):
-        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
+    cfg = replace(cfg, conservative="cql", external_multiplier=False, cost_q_limit=None)  # the limit of the new data
+    algo = held_to_budget(CalQL, cfg, info, t, constrained)
     load_train_state(from_dir, algo)
     algo.step = 0
     return algo

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,6 +22,8 @@ from arl_models.presets import get_preset
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
+
+A = TypeVar("A", bound=CQL)
 
 
 def env_record(info: DatasetInfo) -> dict[str, Any]:
@@ -145,6 +147,19 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, 
     return max(uniform, float(within.mean())) if within.size else uniform
 
 
+def held_to_budget(cls: type[A], cfg: CQLConfig, info: DatasetInfo, t: Transitions, constrained: bool) -> A:
+    """A CQL-family algorithm for ``info``'s shapes; with ``constrained`` its actor is held to the dataset's
+    episode cost budget on the data's episode starts, where ``Q_c(s0, pi(s0))`` is the expected (discounted)
+    episode cost, against :func:`cql_cost_limit` unless ``cfg`` sets a limit of its own."""
+    if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
+        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
+    algo = cls(info.obs_dim, info.action_dim, cfg)
+    starts = t.obs[t.step == 0]
+    if constrained and len(starts):
+        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
+    return algo
+
+
 def train_cql(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
@@ -161,13 +176,7 @@ def train_cql(
     p = get_preset(preset)
     t, info = read_dataset(data)
     cfg = replace(config or p.cql, seed=seed, context_dim=conditioning(info, context_dim))
-    starts = t.obs[t.step == 0]
-    if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
-        # held on the episode starts: Q_c(s0, pi(s0)) is the expected (discounted) episode cost
-        cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
-    algo = CQL(info.obs_dim, info.action_dim, cfg)
-    if constrained and len(starts):
-        algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)
+    algo = held_to_budget(CQL, cfg, info, t, constrained)
     extra: dict[str, Any] = {}
     if init_actor is not None:
         from safetensors.torch import load_file
