@@ -87,9 +87,15 @@ def _register_key(context: Any, parameters: dict[str, Any]) -> str:
 def register_stage_policy(
     stage_result: dict[str, Any], dataset: dict[str, Any], model_name: str, git_commit: str, tracking_uri: str
 ) -> dict[str, str]:
-    """Register the stage's checkpoint (as a loadable pyfunc) under its own stage run."""
+    """Register the stage's checkpoint (as a loadable pyfunc) under its own stage run; the tag
+    ``arl.served_policy`` says which of its policies the model serves (``best`` or ``last`` weights)."""
+    from pathlib import Path
+
+    from arl_models.checkpoint import handed_over
+
+    checkpoint = Path(stage_result["checkpoint"])
     reg = registry.register_policy(
-        stage_result["checkpoint"],
+        checkpoint,
         model_name=model_name,
         run_id=stage_result["run_id"],
         tags={
@@ -104,6 +110,7 @@ def register_stage_policy(
             "dataset_chain": json.dumps(
                 stage_result.get("chain") or [{"path": dataset["path"], "md5": dataset["md5"]}]
             ),
+            "served_policy": "best" if handed_over(checkpoint) != checkpoint else "last",
         },
         tracking_uri=tracking_uri,
     )

@@ -111,6 +111,9 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
     mlflow.set_tracking_uri(_uri())
     version = result["versions"][-1]
     assert version["stage"] == "finetune"
+    served = {v["stage"]: tracking.client(_uri()).get_model_version(MODEL, v["version"]).tags["arl.served_policy"]
+              for v in result["versions"]}
+    assert served == {"bc": "last", "cql": "last", "finetune": "best"}
     obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     served = mlflow.pyfunc.load_model(f"models:/{MODEL}/{version['version']}").predict(obs)
     np.testing.assert_allclose(served, load_policy(best).act(obs), rtol=1e-6)
