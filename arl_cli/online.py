@@ -47,7 +47,8 @@ def finetune_cmd(
     kd: Annotated[float, typer.Option(help="Multiplier's derivative gain.")] = 0.0,
     utd: Annotated[float, typer.Option(help="Gradient updates per environment step.")] = 1.0,
     eval_every: Annotated[int, typer.Option(help="Rounds between evaluations.")] = 5,
-    eval_episodes: int = 10,
+    eval_episodes: Annotated[int, typer.Option(help="Deterministic episodes per evaluation, from fixed starts (0: no evaluations, "
+                                               "so no OUT/best).")] = 10,
     keep_best: Annotated[bool, typer.Option(help="Keep OUT/best: the policy whose evaluation had the highest return within "
                                             "the budget, the start's included (what to deploy; OUT itself continues).")] = True,
     preprocess: Annotated[str, typer.Option(help="Batched transform of training observations on the learner (never on the workers): none | amplitude | noise")] = "none",
