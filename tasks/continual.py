@@ -46,7 +46,7 @@ def _local_checkpoint(model_name: str, version: Any, runs_dir: Path, tracking_ur
     found = [p.parent for p in dest.rglob("config.json") if (p.parent / "train_state").is_dir()]
     if not found:
         raise FileNotFoundError(f"{model_name} version {version.version}: no resumable checkpoint in {dest}")
-    return found[0]
+    return min(found, key=lambda p: len(p.parts))  # the stage's own, not its naive/ baseline or offline/ part
 
 
 @task(
