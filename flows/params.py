@@ -43,6 +43,9 @@ class TrainingConfig(BaseModel):
         None, ge=0, description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it)."
     )
     finetune_envs: int = Field(4, gt=0, description="Parallel environments during fine-tuning.")
+    finetune_budget: float | None = Field(
+        None, gt=0, description="Episode cost budget fine-tuning holds to and keeps its best policy within (empty: the task's)."
+    )
     finetune_vector: Literal["sync", "async"] = Field(
         "sync", description="sync: environments in the flow's process; async: one worker process each."
     )
@@ -78,6 +81,8 @@ class TrainingConfig(BaseModel):
         }
         if stage == "finetune":
             settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
+            if self.finetune_budget is not None:
+                settings["cost_budget"] = self.finetune_budget
         if stage == "ewc":
             settings |= {"ewc_weight": self.ewc_weight, "rehearsal": self.rehearsal}
         return settings

@@ -133,7 +133,7 @@ def _train(
         episodes = settings.get("eval_episodes")
         cfg = FinetuneConfig(
             seed=settings["seed"], steps=_target_steps(stage, settings), vector=settings.get("vector", "sync"),
-            num_envs=settings.get("num_envs", 4),
+            num_envs=settings.get("num_envs", 4), cost_budget=settings.get("cost_budget"),
             eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
         )
         return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])

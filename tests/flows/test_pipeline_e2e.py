@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -102,11 +103,12 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
 
     from arl_models.checkpoint import load_policy
 
-    # at this seed the start's own evaluation is within the task's budget (at 3 and 6 it is not: no best/)
-    result = _run(demo_version, seed=4, training={"eval_episodes": 2})
+    # a budget every evaluation meets, so that best/ exists whatever the tiny policy pays
+    result = _run(demo_version, seed=4, training={"eval_episodes": 2, "finetune_budget": 1e9})
     finetune = result["stages"]["finetune"]
     best = Path(finetune["checkpoint"]) / "best"
     assert (best / "config.json").is_file() and finetune["metrics"]["best/episodes"] == 2
+    assert json.loads((Path(finetune["checkpoint"]) / "config.json").read_text())["env"]["cost_budget"] == 1e9
     assert _children(result["run_id"])["evaluate"].data.params["policy"] == str(best)
     mlflow.set_tracking_uri(_uri())
     version = result["versions"][-1]
