@@ -220,8 +220,9 @@ def _report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -
     so forgetting is measured against what was served, while training continued from the last weights."""
     best = _history(start)
     keys = [version_key(i) for i in infos]
-    start_scores = {k: score_on(handed_over(start), i, episodes) for k, i in zip(keys, infos, strict=True)}
-    scores = {k: score_on(handed_over(final), i, episodes) for k, i in zip(keys, infos, strict=True)}
+    served_start, served_final = handed_over(start), handed_over(final)
+    start_scores = {k: score_on(served_start, i, episodes) for k, i in zip(keys, infos, strict=True)}
+    scores = {k: score_on(served_final, i, episodes) for k, i in zip(keys, infos, strict=True)}
     earlier = keys[:-1]
     for k in earlier:
         best[k] = max(best.get(k, -np.inf), start_scores[k])

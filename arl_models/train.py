@@ -61,12 +61,13 @@ def fit(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"
-    done = finished(out, steps) if has_train_state(out) else None
+    resuming = has_train_state(out)
+    done = finished(out, steps) if resuming else None
     if done is not None:
         if progress:
             print(f"{out} finished {steps} steps already: its record is returned, nothing is trained", flush=True)
         return done
-    if has_train_state(out):
+    if resuming:
         left = load_train_state(out, algo)
         if prioritized is not None:
             prioritized.load_priority_state_dict(left)

@@ -41,11 +41,12 @@ import numpy as np
 
 def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) -> Path:
     """Where the unconstrained baseline of ``cfg`` lives: named by a hash of what it depends on."""
+    from arl_models.checkpoint import WEIGHTS
     from arl_models.lagrange import PIDConfig
     from arl_models.online import FinetuneConfig
 
     unconstrained = replace(cfg, constrained=False, pid=PIDConfig(), cost_margin=FinetuneConfig.cost_margin)
-    weights = hashlib.md5((start / "weights.safetensors").read_bytes()).hexdigest()
+    weights = hashlib.md5((start / WEIGHTS).read_bytes()).hexdigest()
     what = {"start": weights, "data": str(data), "task": task, "config": asdict(unconstrained)}
     key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
