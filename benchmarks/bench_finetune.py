@@ -18,7 +18,7 @@ Without ``--from``, ``--data`` and ``--cql-steps`` train the CQL start first (``
 constrained).
 
 The unconstrained baseline does not depend on the constraint's settings (gains, margin), so it is kept in
-``--baselines`` under a key of everything it does depend on (the start's weights, the data, the task, the
+``--baselines`` under a key of everything it does depend on (the start's weights, the data's bytes, the task, the
 seed and the other fine-tuning settings) and reused by every later run with the same key: runs that vary
 the constraint train one branch each. Runs side by side that need the same baseline train it once (a file
 lock); one interrupted resumes it.
@@ -41,13 +41,19 @@ import numpy as np
 
 def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) -> Path:
     """Where the unconstrained baseline of ``cfg`` lives: named by a hash of what it depends on."""
-    from arl_models.checkpoint import WEIGHTS
+    from arl_models.checkpoint import CONFIG, WEIGHTS
+    from arl_models.data.dataset import TRANSITIONS_FILE
     from arl_models.lagrange import PIDConfig
     from arl_models.online import FinetuneConfig
 
     unconstrained = replace(cfg, constrained=False, pid=PIDConfig(), cost_margin=FinetuneConfig.cost_margin)
-    weights = hashlib.md5((start / WEIGHTS).read_bytes()).hexdigest()
-    what = {"start": weights, "data": str(data), "task": task, "config": asdict(unconstrained)}
+    data = data or Path(json.loads((start / CONFIG).read_text())["dataset"]["path"])  # as finetune resolves it
+
+    def md5(path: Path) -> str:
+        return hashlib.md5(path.read_bytes()).hexdigest()
+
+    what = {"start": md5(start / WEIGHTS), "data": md5(data / TRANSITIONS_FILE), "task": task,
+            "config": asdict(unconstrained)}
     key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
 

@@ -8,6 +8,7 @@ task results land in the session's temporary PREFECT_HOME and not in the user's.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -39,6 +40,8 @@ os.environ.update(ENV)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Put the environment back and remove the session's state directory (tens of MB after a full run)."""
+    shutil.rmtree(_HOME, ignore_errors=True)
     for k, v in _SAVED.items():
         if v is None:
             os.environ.pop(k, None)
