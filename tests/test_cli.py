@@ -70,3 +70,36 @@ def test_merge_writes_one_mixed_dataset_and_names_a_missing_part(tiny_dataset, t
     assert "400 transitions, 8 episodes from 2 datasets" in res.output
     res = runner.invoke(app, ["data", "merge", str(tiny_dataset), str(tmp_path / "nope"), "-o", str(tmp_path / "m2")])
     assert res.exit_code == 2 and "nope: not a dataset directory" in res.output and not (tmp_path / "m2").exists()
+
+
+def _option_help(path, option):
+    import typer.main
+
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return next(p.help for p in cmd.params if option in p.opts)
+
+
+def _library_defaults():
+    from arl_models.algos.ewc import EWCConfig
+    from arl_models.presets import get_preset
+
+    demo = get_preset("demo")
+    return [
+        (("continual",), "--ewc-weight", EWCConfig.weight),
+        (("continual",), "--decay", EWCConfig.decay),
+        (("train", "cql"), "--conservative-weight", demo.cql.conservative_weight),
+        (("train", "cql"), "--context-lr-scale", demo.cql.context_lr_scale),
+        (("train", "bc"), "--context-lr-scale", demo.bc.context_lr_scale),
+    ]
+
+
+@pytest.mark.parametrize("path, option, value", _library_defaults(), ids=lambda x: x if isinstance(x, str) else None)
+def test_help_states_the_library_default(path, option, value):
+    """The CLI spells a few defaults in its help without importing torch; they must stay the library's."""
+    import re
+
+    found = re.search(r"\(default: [^,]*, ([0-9.]+)", _option_help(path, option))
+    assert found is not None, f"{option}: no '(default: ..., VALUE' in its help"
+    assert float(found[1]) == value, f"{' '.join(path)} {option}: help says {found[1]}, the library's default is {value}"
