@@ -507,7 +507,9 @@ class Session:
         state = self.state
         final = {**latest}
         if self.cfg.eval_episodes > 0 and "eval/return" not in latest:
-            final |= self.run_eval()
+            ev = self.run_eval()
+            self.sinks.log(ev, state.env_steps)  # the curve (and whoever reads the last evaluations) ends with it
+            final |= ev
             self.keep_best(final)
         final |= {f"best/{k}": float(v) for k, v in (best_selection(self.out) or {}).items()}
         final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in self.record.get("initial_eval", {}).items()}

@@ -178,6 +178,18 @@ def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tm
     assert read_config(out)["stage"] == "finetune"
 
 
+def test_the_final_evaluation_is_logged_with_the_others(tiny_cql, pendulum_data, tmp_path):
+    """A run whose last round had no evaluation evaluates once more at the end; that evaluation is on the
+    curve too, not only in ``metrics.json`` (benchmarks read the last evaluations from the curve)."""
+    out = tmp_path / "ft"
+    final = finetune(tiny_cql, out, data=pendulum_data, config=replace(TINY, steps=1200, eval_episodes=2, eval_every=2),
+                     progress=False)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/return" in r]
+    assert [r["step"] for r in evals] == [800, 1200], "three rounds of 400 steps: the second round's and the final one"
+    assert evals[-1]["eval/return"] == final["eval/return"] and evals[-1]["eval/cost"] == final["eval/cost"]
+
+
 @pytest.mark.parametrize("preprocess", ["none", "amplitude"])
 def test_resume_after_interrupt_gives_the_same_weights(tiny_cql, pendulum_data, tmp_path, preprocess):
     cfg = replace(TINY, steps=1200, preprocess=preprocess)
