@@ -41,13 +41,13 @@ import numpy as np
 
 def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) -> Path:
     """Where the unconstrained baseline of ``cfg`` lives: named by a hash of what it depends on."""
-    from arl_models.checkpoint import CONFIG, WEIGHTS
+    from arl_models.checkpoint import WEIGHTS, read_config
     from arl_models.data.dataset import TRANSITIONS_FILE
     from arl_models.lagrange import PIDConfig
     from arl_models.online import FinetuneConfig
 
     unconstrained = replace(cfg, constrained=False, pid=PIDConfig(), cost_margin=FinetuneConfig.cost_margin)
-    data = data or Path(json.loads((start / CONFIG).read_text())["dataset"]["path"])  # as finetune resolves it
+    data = data or Path(read_config(start)["dataset"]["path"])  # as finetune resolves it
 
     def md5(path: Path) -> str:
         return hashlib.md5(path.read_bytes()).hexdigest()
