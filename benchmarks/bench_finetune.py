@@ -27,10 +27,14 @@ lock); one interrupted resumes it.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import hashlib
 import json
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
@@ -56,6 +60,15 @@ def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) ->
             "config": asdict(unconstrained)}
     key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
+
+
+def _die_with(parent: int) -> None:
+    """Pool initializer: a learner ends when the benchmark's process does, killed included, instead of
+    training on as an orphan (its environment workers then see their pipes close and end too)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent ended before the line above
+        os._exit(1)
 
 
 def _run(args: tuple) -> dict:
@@ -139,7 +152,7 @@ def main() -> None:
     if dirs["constrained"].exists() and not a.resume:  # a stage resumes what its directory holds: old figures under new settings
         p.error(f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, or another --workdir")
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
-    with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn"), initializer=_die_with, initargs=(os.getpid(),)) as pool:
         results = dict(zip(runs, pool.map(_run, jobs), strict=True))
 
     c = results["constrained"]
