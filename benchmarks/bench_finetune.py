@@ -66,7 +66,7 @@ def _die_with(parent: int) -> None:
     """Pool initializer: a learner ends when the benchmark's process does, killed included, instead of
     training on as an orphan (its environment workers then see their pipes close and end too)."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent ended before the line above
         os._exit(1)
 
