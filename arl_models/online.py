@@ -13,7 +13,9 @@ online replay (Ball et al. 2023, "RLPD": symmetric sampling). Episodes run in wo
 (``gymnasium.vector.AsyncVectorEnv``) with one batched policy call per step. Work is organised in
 rounds of whole episodes: a round resets every worker with seeds derived from (seed, round), collects
 ``episodes_per_round`` episodes while doing ``utd`` gradient updates per environment step, then
-updates the multiplier, logs and checkpoints. A checkpoint after a round holds everything needed to
+updates the multiplier, logs and checkpoints. Each step's transitions enter the online replay at once
+(:class:`OnlineWriter`), so the next update can draw them; Cal-QL's Monte-Carlo return of a row is
+filled in when its episode ends. A checkpoint after a round holds everything needed to
 continue exactly (weights, optimisers, multiplier, RNG, the online replay and the counters), so an
 interrupted run resumes to the same weights.
 
@@ -258,31 +260,74 @@ def _make_envs(spec: TaskSpec, cfg: FinetuneConfig) -> gym.vector.VectorEnv:
     raise ValueError(f"vector must be 'async' or 'sync', got {cfg.vector!r}")
 
 
+class OnlineWriter:
+    """Puts experience into the online replay as it arrives and fills in each row's Monte-Carlo return
+    (Cal-QL's bound) when its episode ends; until then the row's return is ``-inf``, which bounds nothing.
+
+    Rows are written the step they happen, not at their episode's end: with ``n`` environments stepping
+    together, storing whole episodes made the newest transitions reach the batches about ``n`` times as
+    many updates later, and on the unpenalised hopper that lag cost most of the return (benchmarks/README.md,
+    "The loop against the behaviour SAC"). Both loops write through one writer: the synchronous one a step
+    at a time, the asynchronous one a poll's chunks at a time. ``add`` numbers rows in arrival order;
+    ``extend`` takes one environment's rows by those numbers. A row the ring has overwritten before its
+    episode ended gets no return (the slot holds a newer row).
+    """
+
+    def __init__(self, online: ReplayBuffer | PrioritizedReplay, mc: torch.Tensor, gamma: float):
+        self.online, self.mc, self.gamma = online, mc, gamma
+        self.added = 0
+        self._base = online.ptr  # slot of row number r: (r + _base) % capacity, for the rows still held
+        self.open: dict[Any, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+    def add(self, rows: dict[str, np.ndarray]) -> np.ndarray:
+        """Append rows (``obs``, ``act``, ``rew``, ``cost``, ``next_obs``, ``done`` = terminated); returns
+        their numbers, for :meth:`extend`."""
+        self.mc[self.online.add(**rows)] = float("-inf")
+        n = len(rows["rew"])
+        numbers = np.arange(self.added, self.added + n)
+        self.added += n
+        self._base = (self.online.ptr - self.added) % self.online.capacity
+        return numbers
+
+    def extend(self, key: Any, numbers: np.ndarray, rew: np.ndarray, end: np.ndarray) -> None:
+        """Rows of one environment (``key``), in order: extend its open episode and close those that end."""
+        nums, rews = self.open.setdefault(key, ([], []))
+        lo = 0
+        for hi in np.flatnonzero(end) + 1:
+            nums.append(numbers[lo:hi])
+            rews.append(rew[lo:hi])
+            self._close(nums, rews)
+            lo = int(hi)
+        if lo < len(rew):
+            nums.append(numbers[lo:])
+            rews.append(rew[lo:])
+
+    def _close(self, nums: list[np.ndarray], rews: list[np.ndarray]) -> None:
+        r, n = np.concatenate(rews), np.concatenate(nums)
+        ends = np.zeros(len(r), bool)
+        ends[-1] = True
+        g = mc_returns(r, ends, self.gamma)
+        held = n >= self.added - self.online.capacity
+        slots = torch.as_tensor((n[held] + self._base) % self.online.capacity)
+        self.mc[slots] = torch.as_tensor(g[held], dtype=self.mc.dtype)
+        nums.clear()
+        rews.clear()
+
+
 class _Round:
     """One round: whole episodes from every worker, with interleaved gradient updates."""
 
-    def __init__(self, algo: CalQL, cfg: FinetuneConfig, scaler: ActionScaler, online: ReplayBuffer | PrioritizedReplay,
-                 online_mc: torch.Tensor):
-        self.algo, self.cfg, self.scaler, self.online, self.online_mc = algo, cfg, scaler, online, online_mc
+    def __init__(self, algo: CalQL, cfg: FinetuneConfig, scaler: ActionScaler, writer: OnlineWriter):
+        self.algo, self.cfg, self.scaler, self.writer = algo, cfg, scaler, writer
         self.metrics: dict[str, float] = {}
         self.n_updates = 0
         self.episodes: list[tuple[float, float, int]] = []
-
-    def _store(self, rows: list[tuple]) -> None:
-        obs, act, rew, cost, next_obs, term = (np.asarray(x, dtype=np.float32) for x in zip(*rows, strict=True))
-        ends = np.zeros(len(rows), bool)
-        ends[-1] = True
-        mc = torch.as_tensor(mc_returns(rew, ends, self.algo.cfg.gamma))
-        idx = (self.online.ptr + torch.arange(len(rows))) % self.online.capacity
-        self.online.add(obs=obs, act=act, rew=rew, cost=cost, next_obs=next_obs, done=term)
-        self.online_mc[idx[-self.online.capacity :]] = mc[-self.online.capacity :]
 
     def run(self, envs: gym.vector.VectorEnv, seed: int, update) -> None:
         n = envs.num_envs
         target = self.cfg.episodes_per_round or n
         obs, _ = envs.reset(seed=[seed + i for i in range(n)])  # type: ignore[arg-type]  # one seed per env: typed int only
-        staged: list[list[tuple]] = [[] for _ in range(n)]
-        ret, cost = np.zeros(n), np.zeros(n)
+        ret, cost, length = np.zeros(n), np.zeros(n), np.zeros(n, int)
         started, active, just_reset = min(n, target), np.arange(n) < target, np.zeros(n, bool)
         budget = 0.0
         while active.any():
@@ -290,15 +335,19 @@ class _Round:
             next_obs, rew, term, trunc, info = envs.step(self.scaler.unnormalize(act))
             c = np.asarray(info.get("cost", np.zeros(n)), dtype=np.float64)
             valid = active & ~just_reset  # NEXT_STEP autoreset: this step only reset those workers
-            for i in np.flatnonzero(valid):
-                staged[i].append((obs[i], act[i], rew[i], c[i], next_obs[i], float(term[i])))
+            done = valid & (term | trunc)
+            live = np.flatnonzero(valid)
+            if live.size:
+                numbers = self.writer.add({"obs": obs[live], "act": act[live], "rew": rew[live], "cost": c[live],
+                                           "next_obs": next_obs[live], "done": term[live].astype(np.float32)})
+                for j, i in enumerate(live):
+                    self.writer.extend(i, numbers[j : j + 1], rew[i : i + 1], done[i : i + 1])
             ret += np.where(valid, rew, 0.0)
             cost += np.where(valid, c, 0.0)
-            done = valid & (term | trunc)
+            length += valid
             for i in np.flatnonzero(done):
-                self._store(staged[i])
-                self.episodes.append((float(ret[i]), float(cost[i]), len(staged[i])))
-                staged[i], ret[i], cost[i] = [], 0.0, 0.0
+                self.episodes.append((float(ret[i]), float(cost[i]), int(length[i])))
+                ret[i], cost[i], length[i] = 0.0, 0.0, 0
                 if started < target:
                     started += 1
                 else:
@@ -426,8 +475,8 @@ def finetune(
         extra = online.state_dict() | {"online.mc": online_mc[: online.size].clone(), "online.counters": state.tensor()}
         save_checkpoint(out, algo, record, metrics, extra_tensors=extra)
 
-    session = Session(algo, cfg, spec, budget, scaler, online, online_mc, state, record, out, sinks, update, save,
-                      run_eval, progress)
+    writer = OnlineWriter(online, online_mc, algo.cfg.gamma)
+    session = Session(algo, cfg, spec, budget, scaler, writer, state, record, out, sinks, update, save, run_eval, progress)
     if not resuming:
         session.keep_best(record["initial_eval"])
     if cfg.pipeline == "async":
@@ -440,7 +489,7 @@ def finetune(
     envs = _make_envs(spec, cfg)
     try:
         while state.env_steps < cfg.steps:
-            rnd = _Round(algo, cfg, scaler, online, online_mc)
+            rnd = _Round(algo, cfg, scaler, writer)
             rnd.run(envs, cfg.seed * 1_000_003 + state.rounds * cfg.num_envs, update)
             latest = _after_round(algo, cfg, state, rnd, budget, out)
             latest["online/steps_per_s"] = (state.env_steps - start_steps) / max(time.perf_counter() - t0, 1e-9)
@@ -465,8 +514,8 @@ class Session:
     spec: TaskSpec
     budget: float
     scaler: ActionScaler
-    online: ReplayBuffer | PrioritizedReplay
-    online_mc: torch.Tensor
+    writer: OnlineWriter
+    """The online replay (``writer.online``) and its rows' Monte-Carlo returns (``writer.mc``)."""
     state: OnlineState
     record: dict[str, Any]
     out: Path
@@ -549,5 +598,5 @@ def _after_round(algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: _Rou
         "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),
         "online/cumulative_cost": state.cumulative_cost, "online/violating_episodes": float(state.violations),
         "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value,
-        "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.online)),
+        "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.writer.online)),
     }

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arl_models.algos.calql import mc_returns
 from arl_models.online import Session, _after_round, _Round
 from arl_models.rate_tuner import RateDecision, RateReading, RateTuner
 from arl_models.workers import Chunk, WorkerPool, WorkerSpec, flatten, make_pool
@@ -54,48 +53,18 @@ class _Counters:
     chunks: int = 0
 
 
-class _Store:
-    """Puts chunks into the online replay; backfills Monte-Carlo returns when episodes end."""
-
-    def __init__(self, session: Session):
-        self.s = session
-        self.open: dict[tuple[int, int, int], tuple[list[torch.Tensor], list[np.ndarray]]] = {}
-
-    def add(self, chunks: list[Chunk]) -> None:
-        online = self.s.online
-        cat = {k: np.concatenate([getattr(c, k) for c in chunks]) for k in ("obs", "act", "rew", "cost", "next_obs", "term")}
-        slots = online.add(obs=cat["obs"], act=cat["act"], rew=cat["rew"], cost=cat["cost"], next_obs=cat["next_obs"],
-                           done=cat["term"])
-        if len(slots) < len(cat["rew"]):
-            return  # more rows than the replay holds (tiny replays in tests): no returns to keep
-        start = 0
-        for c in chunks:
-            for e in range(self.s.cfg.workers.envs_per_worker):
-                rows = np.flatnonzero(c.env_index == e)
-                if rows.size:
-                    self._episodes((c.worker, c.incarnation, e), slots[start + rows], c.rew[rows], c.episode_end[rows])
-            start += len(c)
-
-    def _episodes(self, key: tuple[int, int, int], slots: torch.Tensor, rew: np.ndarray, end: np.ndarray) -> None:
-        """Rows of one environment, in order: extend its open episode, close those that end here."""
-        idx, rews = self.open.setdefault(key, ([], []))
-        lo = 0
-        for hi in np.flatnonzero(end) + 1:
-            idx.append(slots[lo:hi])
-            rews.append(rew[lo:hi])
-            self._close(idx, rews)
-            lo = int(hi)
-        if lo < len(rew):
-            idx.append(slots[lo:])
-            rews.append(rew[lo:])
-
-    def _close(self, idx: list[torch.Tensor], rews: list[np.ndarray]) -> None:
-        r = np.concatenate(rews)
-        ends = np.zeros(len(r), bool)
-        ends[-1] = True
-        self.s.online_mc[torch.cat(idx)] = torch.as_tensor(mc_returns(r, ends, self.s.algo.cfg.gamma), dtype=torch.float32)
-        idx.clear()
-        rews.clear()
+def _store(s: Session, chunks: list[Chunk]) -> None:
+    """A poll's chunks into the online replay in one write; each environment's rows extend its episode."""
+    cat = {k: np.concatenate([getattr(c, k) for c in chunks]) for k in ("obs", "act", "rew", "cost", "next_obs", "term")}
+    numbers = s.writer.add({"obs": cat["obs"], "act": cat["act"], "rew": cat["rew"], "cost": cat["cost"],
+                            "next_obs": cat["next_obs"], "done": cat["term"]})
+    start = 0
+    for c in chunks:
+        for e in range(s.cfg.workers.envs_per_worker):
+            rows = np.flatnonzero(c.env_index == e)
+            if rows.size:
+                s.writer.extend((c.worker, c.incarnation, e), numbers[start + rows], c.rew[rows], c.episode_end[rows])
+        start += len(c)
 
 
 def worker_spec(session: Session) -> WorkerSpec:
@@ -114,13 +83,12 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
     tuner = RateTuner(w.targets) if w.tune else None
     utd = cfg.utd
     per_round = cfg.episodes_per_round or w.num_workers * w.envs_per_worker
-    store = _Store(s)
     t0, start_steps = time.perf_counter(), state.env_steps
     latest: dict[str, float] = {}
     rounds_here, version, since_sync, owed, received = 0, 0, 0, 0.0, 0
     counters, flowing, read_this_round = _Counters(), False, False
     last_rates: dict[str, float] = {}
-    rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
+    rnd = _Round(algo, cfg, s.scaler, s.writer)
     pool: WorkerPool = make_pool(worker_spec(s), w.num_workers, w.backend, w.address)
     with pool:
         pool.broadcast(flatten(algo.actor.state_dict()), version)
@@ -132,7 +100,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
             if chunks and not flowing:  # rates start with the data: worker start-up is not a reading
                 counters, flowing = _Counters(), True
             if chunks:
-                store.add(chunks)
+                _store(s, chunks)
                 for c in chunks:
                     rnd.episodes += c.episodes
                     owed += utd * len(c)
@@ -173,7 +141,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
                 latest["pipeline/replaced_workers"] = float(pool.replaced)
                 latest["pipeline/transitions_received"] = float(received)  # finished episodes' and the open ones'
                 s.report_round(latest)
-                rnd = _Round(algo, cfg, s.scaler, s.online, s.online_mc)
+                rnd = _Round(algo, cfg, s.scaler, s.writer)
                 rnd.episodes, read_this_round = extra, False
                 rounds_here += 1
                 if stop_after_rounds is not None and rounds_here >= stop_after_rounds:

@@ -14,17 +14,20 @@ from typer.testing import CliRunner
 
 from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, mc_returns
 from arl_models.checkpoint import read_config
+from arl_models.envs.registry import get_task
 from arl_models.lagrange import PIDConfig
 from arl_models.online import (
     FinetuneConfig,
+    OnlineWriter,
     _after_round,
+    _make_envs,
     _Round,
     build_algo,
     finetune,
     sample_mixed,
     warm_start,
 )
-from arl_models.replay import ReplayBuffer
+from arl_models.replay import ActionScaler, ReplayBuffer
 
 TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
 
@@ -38,7 +41,7 @@ def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT, margin=0.0):
     warm_start(algo, tiny_cql, budget=12.0)
     values = [algo.lagrangian.value]
     for c in costs:
-        rnd = _Round(algo, cfg, None, ReplayBuffer(1, 3, 1), torch.zeros(1))
+        rnd = _Round(algo, cfg, None, OnlineWriter(ReplayBuffer(1, 3, 1), torch.zeros(1), 0.99))
         rnd.episodes = [(-100.0, c, 200), (-100.0, c, 200)]
         _after_round(algo, cfg, _state(), rnd, 12.0, tmp_path)
         values.append(algo.lagrangian.value)
@@ -144,6 +147,60 @@ def test_mixing_ratio_is_exact(ratio, batch_size):
 def test_mc_returns_restart_at_episode_ends():
     g = mc_returns(np.ones(5, np.float32), np.array([0, 1, 0, 0, 1], bool), 0.5)
     np.testing.assert_allclose(g, [1.5, 1.0, 1.75, 1.5, 1.0])
+
+
+def _rows(rew):
+    n = len(rew)
+    z = np.zeros(n, np.float32)
+    return {"obs": np.zeros((n, 3)), "act": np.zeros((n, 1)), "rew": np.asarray(rew, np.float32), "cost": z,
+            "next_obs": np.zeros((n, 3)), "done": z}
+
+
+def test_the_writer_fills_each_environments_return_when_its_episode_ends():
+    w = OnlineWriter(ReplayBuffer(8, 3, 1), torch.zeros(8), gamma=0.5)
+    for a, b, a_ends in ((1.0, 10.0, False), (1.0, 20.0, False), (1.0, 30.0, True)):  # two environments, interleaved
+        n = w.add(_rows([a, b]))
+        w.extend("a", n[:1], np.array([a]), np.array([a_ends]))
+        w.extend("b", n[1:], np.array([b]), np.array([False]))
+    np.testing.assert_allclose(w.mc[:6].numpy(), [1.75, -np.inf, 1.5, -np.inf, 1.0, -np.inf])  # b is still open
+    w.extend("b", w.add(_rows([40.0])), np.array([40.0]), np.array([True]))
+    np.testing.assert_allclose(w.mc[[1, 3, 5, 6]].numpy(), [10 + 10 + 7.5 + 5, 20 + 15 + 10, 30 + 20, 40])
+
+
+def test_a_row_the_ring_overwrote_before_its_episode_ended_gets_no_return():
+    w = OnlineWriter(ReplayBuffer(3, 3, 1), torch.zeros(3), gamma=1.0)
+    w.extend("a", w.add(_rows([1.0, 1.0])), np.ones(2), np.zeros(2, bool))
+    w.extend("b", w.add(_rows([5.0, 5.0])), np.full(2, 5.0), np.array([False, True]))  # overwrites a's first row
+    assert w.mc.tolist() == [5.0, -np.inf, 10.0]  # slot 0 is b's second row (ring): a's return does not land there
+    w.extend("a", w.add(_rows([1.0])), np.ones(1), np.ones(1, bool))  # a ends: returns 3, 2, 1; only its last row is held
+    assert w.mc.tolist() == [5.0, 1.0, 10.0]
+
+
+def test_each_step_reaches_the_replay_before_the_next_update(tiny_cql):
+    """Stored the step it happens, not at its episode's end: the update after step t can draw it."""
+    cfg = replace(TINY, utd=1.0)
+    algo = build_algo(read_config(tiny_cql), cfg)
+    env = read_config(tiny_cql)["env"]
+    w = OnlineWriter(ReplayBuffer(1000, 3, 1), torch.zeros(1000), algo.cfg.gamma)
+    seen = []
+
+    def update():
+        seen.append((len(w.online), bool(torch.isinf(w.mc[: len(w.online)]).all())))
+        return {}
+
+    envs = _make_envs(get_task("safe-pendulum"), cfg)
+    try:
+        _Round(algo, cfg, ActionScaler.of(env["action_low"], env["action_high"]), w).run(envs, 0, update)
+    finally:
+        envs.close()
+    assert [n for n, _ in seen] == [2 * (t // 2 + 1) for t in range(400)]  # two environments, two updates a step
+    assert all(unknown for _, unknown in seen[:-2]) and not any(unknown for _, unknown in seen[-2:])
+    rows = w.online.data
+    for i in range(2):  # rows interleave the two environments; each has its episode's own return
+        ends = np.zeros(200, bool)
+        ends[-1] = True
+        g = mc_returns(rows["rew"][i:400:2].numpy(), ends, algo.cfg.gamma)
+        np.testing.assert_allclose(w.mc[i:400:2].numpy(), g, rtol=1e-6)
 
 
 def test_calql_bounds_policy_action_values_by_mc_return():

@@ -17,7 +17,7 @@ TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episo
 
 def _session(tiny_cql, out, cfg=TINY, budget=10.0) -> Session:
     algo = build_algo(read_config(tiny_cql), cfg)
-    return Session(algo, cfg, get_task("safe-pendulum"), budget, None, None, None, OnlineState(), read_config(tiny_cql),
+    return Session(algo, cfg, get_task("safe-pendulum"), budget, None, None, OnlineState(), read_config(tiny_cql),
                    out, None, None, None, None, False)
 
 
