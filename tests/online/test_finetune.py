@@ -171,8 +171,8 @@ def test_a_row_the_ring_overwrote_before_its_episode_ended_gets_no_return():
     w = OnlineWriter(ReplayBuffer(3, 3, 1), torch.zeros(3), gamma=1.0)
     w.extend("a", w.add(_rows([1.0, 1.0])), np.ones(2), np.zeros(2, bool))
     w.extend("b", w.add(_rows([5.0, 5.0])), np.full(2, 5.0), np.array([False, True]))  # overwrites a's first row
-    assert w.mc.tolist() == [5.0, -np.inf, 10.0]  # slot 0 is b's second row (ring): a's return does not land there
-    w.extend("a", w.add(_rows([1.0])), np.ones(1), np.ones(1, bool))  # a ends: returns 3, 2, 1; only its last row is held
+    assert w.mc.tolist() == [5.0, -np.inf, 10.0]  # slot 0 now holds b's second row
+    w.extend("a", w.add(_rows([1.0])), np.ones(1), np.ones(1, bool))  # a ends (3, 2, 1): only its last row is still held
     assert w.mc.tolist() == [5.0, 1.0, 10.0]
 
 
