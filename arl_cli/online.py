@@ -41,7 +41,7 @@ def finetune_cmd(
     conservative: Annotated[str, typer.Option(help="none (SAC) | cql | calql")] = "none",
     budget: Annotated[float | None, typer.Option(help="Episode cost budget (default: the task's).")] = None,
     constrained: Annotated[bool, typer.Option(help="Hold episode cost to the budget with the PID multiplier.")] = True,
-    cost_margin: Annotated[float, typer.Option(help="Share of the budget held in reserve: training episodes are held to budget x (1 - margin).")] = 0.5,
+    cost_margin: Annotated[float, typer.Option(help="Share of the budget held in reserve: training episodes are held to budget x (1 - margin).")] = 0.6,
     kp: Annotated[float, typer.Option(help="Multiplier's proportional gain, on the relative violation cost / budget - 1.")] = 1.0,
     ki: Annotated[float, typer.Option(help="Multiplier's integral gain (gradient ascent's step with kp=kd=0).")] = 0.5,
     kd: Annotated[float, typer.Option(help="Multiplier's derivative gain.")] = 0.0,

@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--utd", type=float, default=1.0, help="gradient updates per environment step (both runs)")
     p.add_argument("--offline-ratio", type=float, default=0.5, help="share of each batch from the offline data (both runs)")
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
-    p.add_argument("--cost-margin", type=float, default=0.5, help="share of the budget the multiplier holds in reserve")
+    p.add_argument("--cost-margin", type=float, default=0.6, help="share of the budget the multiplier holds in reserve")
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
     p.add_argument("--ki", type=float, default=0.5)
     p.add_argument("--kd", type=float, default=0.0)
