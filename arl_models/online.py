@@ -279,8 +279,7 @@ class OnlineWriter:
 
     def __init__(self, online: ReplayBuffer | PrioritizedReplay, mc: torch.Tensor, gamma: float):
         self.online, self.mc, self.gamma = online, mc, gamma
-        self.added = 0
-        self._base = online.ptr  # slot of row number r: (r + _base) % capacity, for the rows still held
+        self.added = 0  # rows written through this writer; the last of them sits just before online.ptr
         self.open: dict[Any, tuple[list[np.ndarray], list[np.ndarray]]] = {}
 
     def add(self, rows: dict[str, np.ndarray]) -> np.ndarray:
@@ -290,7 +289,6 @@ class OnlineWriter:
         n = len(rows["rew"])
         numbers = np.arange(self.added, self.added + n)
         self.added += n
-        self._base = (self.online.ptr - self.added) % self.online.capacity
         return numbers
 
     def extend(self, key: Any, numbers: np.ndarray, rew: np.ndarray, end: np.ndarray) -> None:
@@ -311,8 +309,8 @@ class OnlineWriter:
         ends = np.zeros(len(r), bool)
         ends[-1] = True
         g = mc_returns(r, ends, self.gamma)
-        held = n >= self.added - self.online.capacity
-        slots = torch.as_tensor((n[held] + self._base) % self.online.capacity)
+        held = n >= self.added - self.online.capacity  # the ring still holds them, row r at ptr - (added - r)
+        slots = torch.as_tensor((n[held] - self.added + self.online.ptr) % self.online.capacity)
         self.mc[slots] = torch.as_tensor(g[held], dtype=self.mc.dtype)
         nums.clear()
         rews.clear()
