@@ -47,17 +47,17 @@ def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) ->
     """Where the unconstrained baseline of ``cfg`` lives: named by a hash of what it depends on."""
     from arl_models.checkpoint import WEIGHTS, read_config
     from arl_models.data.dataset import TRANSITIONS_FILE
-    from arl_models.lagrange import PIDConfig
-    from arl_models.online import FinetuneConfig
 
-    unconstrained = replace(cfg, constrained=False, pid=PIDConfig(), cost_margin=FinetuneConfig.cost_margin)
+    config = asdict(replace(cfg, constrained=False))
+    for constraint_only in ("pid", "cost_margin"):  # left out, not set to a default: a changed default keeps the key
+        del config[constraint_only]
     data = data or Path(read_config(start)["dataset"]["path"])  # as finetune resolves it
 
     def md5(path: Path) -> str:
         return hashlib.md5(path.read_bytes()).hexdigest()
 
     what = {"start": md5(start / WEIGHTS), "data": md5(data / TRANSITIONS_FILE), "task": task,
-            "config": asdict(unconstrained)}
+            "config": config}
     key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
 
