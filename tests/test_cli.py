@@ -103,3 +103,19 @@ def test_help_states_the_library_default(path, option, value):
     found = re.search(r"\(default: [^,]*, ([0-9.]+)", _option_help(path, option))
     assert found is not None, f"{option}: no '(default: ..., VALUE' in its help"
     assert float(found[1]) == value, f"{' '.join(path)} {option}: help says {found[1]}, the library's default is {value}"
+
+
+def test_finetune_options_default_to_the_librarys_config():
+    """``arl finetune`` writes its defaults out (no torch at import); each must stay FinetuneConfig's."""
+    import inspect
+
+    from arl_cli.online import finetune_cmd
+    from arl_models.online import FinetuneConfig
+
+    cfg = FinetuneConfig()
+    library = {"budget": cfg.cost_budget, "kp": cfg.pid.kp, "ki": cfg.pid.ki, "kd": cfg.pid.kd,
+               "workers": cfg.workers.num_workers, "backend": cfg.workers.backend, "ray_address": cfg.workers.address,
+               "sync_every": cfg.workers.sync_every, "tune": cfg.workers.tune}
+    options = {n: p.default for n, p in inspect.signature(finetune_cmd).parameters.items() if n not in ("from_dir", "out", "task", "data")}
+    expected = {n: library[n] if n in library else getattr(cfg, n) for n in options}
+    assert options == expected
