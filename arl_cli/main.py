@@ -71,24 +71,37 @@ def data_generate(
 def data_import(
     source: Annotated[Path, typer.Argument(help="A Minari dataset directory or a D4RL-style .hdf5 file.")],
     task: Task,
-    out: Annotated[Path, typer.Option("--out", "-o")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")],
     fmt: Annotated[str, typer.Option("--format", help="minari | d4rl (default: guessed from the path).")] = "",
-    quality: str = "imported",
+    quality: Annotated[str, typer.Option(
+        help="The data's quality label in the sidecar: random | medium | expert | medium-replay | medium-expert | imported.")] = "imported",
     seed: Seed = 0,
+    ref_random: Annotated[float | None, typer.Option(
+        help="Reference return of a random policy (normalised score 0); with --ref-expert.")] = None,
+    ref_expert: Annotated[float | None, typer.Option(
+        help="Reference return of an expert (normalised score 100); with --ref-random. Without both, the task's "
+             "references: D4RL's for the nominal velocity tasks, else measured from a cached behaviour run.")] = None,
 ) -> None:
     """Import an existing dataset into the project's Parquet format."""
-    from arl_models.data.dataset import DatasetError
     from arl_models.data.importers import import_d4rl, import_minari
 
+    if (ref_random is None) != (ref_expert is None):
+        _fail("--ref-random and --ref-expert go together: give both or neither")
     kind = fmt or ("minari" if source.is_dir() else "d4rl")
     fn = {"minari": import_minari, "d4rl": import_d4rl}.get(kind)
     if fn is None:
         _fail(f"unknown --format {kind!r}: use minari or d4rl")
+    refs = None if ref_random is None or ref_expert is None else (ref_random, ref_expert)
     try:
-        info = fn(source, task, out, quality=quality, seed=seed)
-    except (DatasetError, KeyError, OSError) as e:
+        info = fn(source, task, out, quality=quality, seed=seed, ref_scores=refs)
+    except (KeyError, OSError, ValueError) as e:  # ValueError includes DatasetError
         _fail(str(e))
     typer.echo(f"wrote {out}: {info.num_transitions} transitions in {info.num_episodes} episodes")
+    if info.ref_random_return is None or info.ref_expert_return is None:
+        typer.echo(f"reference returns: {info.extra['references']} (no normalised scores; pass --ref-random and --ref-expert)")
+    else:
+        typer.echo(f"reference returns: random {info.ref_random_return:.1f} / expert {info.ref_expert_return:.1f} "
+                   f"({info.ref_source}: {info.extra['references']})")
 
 
 @data_app.command("relabel")
@@ -146,17 +159,20 @@ def data_info(path: Path, as_json: Annotated[bool, typer.Option("--json")] = Fal
 
 
 def _preset_config(stage: str, preset: str, **fields: Any) -> Any:
-    """The preset's config of ``stage`` (``bc`` or ``cql``) with the fields the command line set (not None)."""
+    """The preset's config of ``stage`` (``bc`` or an offline algorithm) with the fields the command line
+    set (not None)."""
     from arl_models.presets import get_preset, with_given
 
     return with_given(getattr(get_preset(preset), stage), **fields)
 
 
 def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:
-    from arl_models.data import DatasetError
-    from arl_models.offline import train_bc, train_cql
+    from functools import partial
 
-    fn = train_bc if stage == "bc" else train_cql
+    from arl_models.data import DatasetError
+    from arl_models.offline import train_bc, train_offline_algo
+
+    fn = train_bc if stage == "bc" else partial(train_offline_algo, stage)
     try:
         final = fn(data, out, preset=preset, seed=seed, steps=steps, **kw)
     except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
@@ -176,10 +192,16 @@ ContextLrScale = Annotated[float | None, typer.Option(
          "1.0 for checkpoints trained before the scale existed).")]
 
 
+InitActor = Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")]
+Constrained = Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")]
+
+
 @train_app.command("bc")
 def train_bc_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
-    policy: Annotated[str, typer.Option(help="gaussian | deterministic")] = "gaussian", context_dim: ContextDim = None,
+    policy: Annotated[str | None, typer.Option(
+        help="gaussian (likelihood, actions at the bounds censored) | deterministic (squared error); "
+             "default: the preset's.")] = None, context_dim: ContextDim = None,
     context_lr_scale: ContextLrScale = None,
 ) -> None:
     """Behaviour cloning (stage 1)."""
@@ -190,8 +212,7 @@ def train_bc_cmd(
 @train_app.command("cql")
 def train_cql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
-    init_actor: Annotated[Path | None, typer.Option(help="A BC checkpoint to start the actor from.")] = None,
-    constrained: Annotated[bool, typer.Option(help="Hold the actor to the dataset's cost budget (Lagrangian).")] = True,
+    init_actor: InitActor = None, constrained: Constrained = True,
     context_dim: ContextDim = None, context_lr_scale: ContextLrScale = None,
     conservative_weight: Annotated[float | None, typer.Option(
         help="Weight of the conservative term (default: the preset's, 5). Narrow data, one expert policy, wants "
@@ -201,6 +222,53 @@ def train_cql_cmd(
     cfg = _preset_config("cql", preset, context_lr_scale=context_lr_scale, conservative_weight=conservative_weight)
     _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
                   context_dim=context_dim, config=cfg)
+
+
+@train_app.command("td3bc")
+def train_td3bc_cmd(
+    data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None, init_actor: InitActor = None,
+    constrained: Constrained = True, context_dim: ContextDim = None,
+    alpha: Annotated[float | None, typer.Option(help="Weight of the critic against the BC term (default: the preset's).")] = None,
+) -> None:
+    """TD3+BC with a cost critic (stage 2; Fujimoto and Gu 2021)."""
+    cfg = _preset_config("td3bc", preset, alpha=alpha)
+    _train_common("td3bc", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
+                  context_dim=context_dim, config=cfg)
+
+
+@train_app.command("iql")
+def train_iql_cmd(
+    data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None, init_actor: InitActor = None,
+    constrained: Constrained = True, context_dim: ContextDim = None,
+    expectile: Annotated[float | None, typer.Option(help="Expectile of Q that V learns (default: the preset's).")] = None,
+    beta: Annotated[float | None, typer.Option(help="Inverse temperature of the advantage weights (default: the preset's).")] = None,
+) -> None:
+    """Implicit Q-learning with a cost critic (stage 2; Kostrikov et al. 2022)."""
+    cfg = _preset_config("iql", preset, expectile=expectile, beta=beta)
+    _train_common("iql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
+                  context_dim=context_dim, config=cfg)
+
+
+@train_app.command("offline")
+def train_offline_cmd(
+    data: Data,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the two checkpoints: OUT/bc and OUT/<algo>.")],
+    preset: Preset = "demo", seed: Seed = 0,
+    algo: Annotated[str | None, typer.Option(help="cql | td3bc | iql (default: the preset's, the pipeline's stage 2).")] = None,
+    bc_steps: Annotated[int | None, typer.Option(help="BC gradient steps (preset default if unset).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")] = None,
+    constrained: Constrained = True,
+) -> None:
+    """The pipeline's offline half at its defaults: BC, then stage 2's algorithm from it."""
+    from arl_models.data import DatasetError
+    from arl_models.offline import train_offline
+
+    try:
+        finals = train_offline(data, out, preset=preset, seed=seed, algo=algo, bc_steps=bc_steps, steps=steps,
+                               constrained=constrained)
+    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(json.dumps({s: {k: round(v, 4) for k, v in f.items()} for s, f in finals.items()}, indent=2))
 
 
 @app.command("evaluate")

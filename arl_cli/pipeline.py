@@ -63,7 +63,9 @@ def run_cmd(
     ] = None,
     seed: int = 0,
     bc_steps: Annotated[int | None, typer.Option(help="BC steps (preset default if unset).")] = None,
-    cql_steps: Annotated[int | None, typer.Option(help="CQL steps (preset default if unset).")] = None,
+    offline_algo: Annotated[str | None, typer.Option(
+        help="Stage 2's algorithm: cql | td3bc | iql (default: the preset's).")] = None,
+    offline_steps: Annotated[int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")] = None,
     finetune_steps: Annotated[
         int | None, typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage).")
     ] = None,
@@ -85,7 +87,7 @@ def run_cmd(
         bool, typer.Option(help="Retrain stages even when a finished result is cached.")
     ] = False,
 ) -> None:
-    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> CQL -> fine-tuning -> [EWC] -> evaluate -> register -> gate."""
+    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> offline RL -> fine-tuning -> [EWC] -> evaluate -> register -> gate."""
     _environment()
     from flows.ingest import ingest_flow
     from flows.offline_to_online import offline_to_online_flow
@@ -99,7 +101,7 @@ def run_cmd(
     result = offline_to_online_flow(
         DatasetRef(path=dataset, version=version),
         TrainingConfig(
-            preset=preset, seed=seed, bc_steps=bc_steps, cql_steps=cql_steps,
+            preset=preset, seed=seed, bc_steps=bc_steps, offline_algo=offline_algo, offline_steps=offline_steps,
             finetune_steps=finetune_steps, continual_steps=continual_steps, eval_episodes=eval_episodes,
         ),
         GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget, max_forgetting=max_forgetting),
@@ -108,9 +110,21 @@ def run_cmd(
     _print_result(result)
 
 
+def _data_score(data_dir: str) -> str:
+    """The dataset's own mean episode return, normalised where it has references: the bar the stages must beat."""
+    from arl_models.data import read_dataset
+
+    t, info = read_dataset(data_dir)
+    ret = float(t.episode_returns().mean())
+    if info.ref_random_return is None or info.ref_expert_return is None:
+        return f"return {ret:.1f} (no reference returns)"
+    return f"score {info.normalized_score(ret):.1f} (return {ret:.1f})"
+
+
 def _print_result(result: dict) -> None:
     d, ev = result["decision"], result["evaluation"]
     typer.echo("")
+    typer.echo(f"  {'data':8s} {'':>13s}  {_data_score(result['dataset']['dir'])}")
     for name, s in result["stages"].items():
         m = s["metrics"]
         score = m.get("eval/normalized_score")
@@ -297,7 +311,8 @@ COMPARE_ROWS = (
     ("preset", lambda r: r.data.params.get("training.preset", "")),
     ("seed", lambda r: r.data.params.get("training.seed", "")),
     ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
-    ("cql steps", lambda r: r.data.params.get("training.cql_steps", "")),
+    ("offline algo", lambda r: r.data.params.get("training.offline_algo", "")),
+    ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
     ("bc score", lambda r: _num(r.data.metrics.get("bc/normalized_score"))),
     ("score", lambda r: _num(r.data.metrics.get("score"))),
     ("mean cost", lambda r: _num(r.data.metrics.get("mean_cost"))),

@@ -182,6 +182,21 @@ def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor
     return {k: v for k, v in tensors.items() if not k.startswith(("opt.", "rng.", "param."))}
 
 
+def load_shared_networks(from_dir: str | Path, algo: Algorithm) -> list[str]:
+    """Load into ``algo`` every network of the checkpoint in ``from_dir`` that ``algo`` has too, whole (a
+    network that does not fit is an error), and the multiplier's state from its ``train_state/``; returns
+    the networks loaded. For a learner of another algorithm than the checkpoint's (fine-tuning from TD3+BC)."""
+    where = Path(from_dir)
+    tensors = load_file(str(where / TRAIN_STATE / "state.safetensors"))
+    prefixes = {k.split(".", 1)[0] for k in tensors if not k.startswith(("opt.", "rng.", "param."))}
+    loaded = [name for name in algo.networks() if name in prefixes]
+    for name in loaded:
+        load_weights(algo.networks()[name], tensors, f"{name}.", where)
+    extra = json.loads((where / TRAIN_STATE / "state.json").read_text())["extra"]
+    algo.load_extra_state({**algo.extra_state(), **{k: v for k, v in extra.items() if k.startswith("lagrangian.")}})
+    return loaded
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     f = Path(path) / CONFIG
     if not f.is_file():

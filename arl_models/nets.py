@@ -179,6 +179,10 @@ class TanhGaussianActor(nn.Module):
         a = act.clamp(-1.0 + eps, 1.0 - eps)
         return _tanh_gaussian_log_prob(torch.atanh(a), mu, log_std)
 
+    def act_mean(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action ``tanh(mu(s))``, differentiable (TD3+BC's policy)."""
+        return torch.tanh(self.dist_params(obs)[0])
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         if deterministic:

@@ -5,14 +5,18 @@ These are what the ``arl train`` command and the pipeline's Prefect tasks call.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import numpy as np
 import torch
 
 from arl_models.algos.bc import BC, BCConfig
-from arl_models.algos.cql import CQL, CQLConfig
+from arl_models.algos.cql import CQL
+from arl_models.algos.iql import IQL
+from arl_models.algos.td3bc import TD3BC
 from arl_models.checkpoint import config_record, load_policy, read_config
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import context_dim_of, get_task
@@ -23,7 +27,8 @@ from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
 
-A = TypeVar("A", bound=CQL)
+OFFLINE_CLASSES: dict[str, type] = {"cql": CQL, "td3bc": TD3BC, "iql": IQL}
+"""Stage 2's algorithms by name (``presets.OFFLINE_ALGOS``)."""
 
 
 def env_record(info: DatasetInfo) -> dict[str, Any]:
@@ -45,20 +50,28 @@ def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
     return {"path": str(path), "quality": info.quality, "num_transitions": info.num_transitions}
 
 
+def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
+    """The (random, expert) reference returns a checkpoint's record carries, or None."""
+    env = record["env"]
+    if env.get("ref_random_return") is None or env.get("ref_expert_return") is None:
+        return None
+    return env["ref_random_return"], env["ref_expert_return"]
+
+
 def evaluate_checkpoint(
-    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = EVAL_SEED
+    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = EVAL_SEED,
+    ref_scores: tuple[float, float] | None = None,
 ) -> EvalResult:
-    """Evaluate a checkpoint on its own task (or ``task``), with the reference scores it was trained with."""
+    """Evaluate a checkpoint on its own task (or ``task``), with the reference scores it was trained with
+    (or ``ref_scores``: another policy's, to score both on one scale)."""
     policy = load_policy(policy_dir)
     env = policy.record["env"]
     spec = get_task(task) if task else get_task(env["task"], env["env_version"])
-    refs = None
-    if env.get("ref_random_return") is not None and env.get("ref_expert_return") is not None:
-        refs = (env["ref_random_return"], env["ref_expert_return"])
+    refs = ref_scores or record_references(policy.record)
     return evaluate(policy.act, spec, episodes=episodes, seed=seed, ref_scores=refs)
 
 
-def live_eval(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes: int, prefix: str = "eval/"):
+def live_eval(algo: Any, scaler: ActionScaler, info: DatasetInfo, episodes: int, prefix: str = "eval/"):
     """Evaluate the live policy on the dataset's task, or ``None`` for an unregistered environment."""
     try:
         spec = get_task(info.task, info.env_version)
@@ -75,7 +88,7 @@ def live_eval(algo: BC | CQL, scaler: ActionScaler, info: DatasetInfo, episodes:
 
 
 def _run(
-    algo: BC | CQL, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
+    algo: Any, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
     preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None, eval_episodes: int | None = None,
     prioritized: PERConfig | None = None,
 ) -> dict[str, float]:
@@ -143,12 +156,26 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, 
     uniform = info.cost_budget / t * (1.0 - gamma**t) / (1.0 - gamma)
     if data is None:
         return uniform
-    within = data.episode_costs(gamma)[data.episode_costs() <= info.cost_budget]
-    return max(uniform, float(within.mean())) if within.size else uniform
+    discounted, costs = data.episode_costs(gamma), data.episode_costs()
+    within = discounted[costs <= info.cost_budget]
+    if within.size:
+        return max(uniform, float(within.mean()))
+    # No episode of the data meets the budget: hold the policy to what the data's cheapest tenth pays, the
+    # safest behaviour it shows, rather than to a cost nothing in it reaches (which teaches it to fail).
+    cheapest = np.sort(discounted)[: max(1, len(discounted) // 10)]
+    warnings.warn(
+        f"no episode of the dataset meets the cost budget {info.cost_budget:g} (the cheapest pays "
+        f"{costs.min():.1f}): the constraint holds the policy to the cheapest tenth of its episodes instead "
+        f"(discounted cost {cheapest.mean():.2f} from their starts)", InfeasibleBudgetWarning, stacklevel=2)
+    return max(uniform, float(cheapest.mean()))
 
 
-def held_to_budget(cls: type[A], cfg: CQLConfig, info: DatasetInfo, t: Transitions, constrained: bool) -> A:
-    """A CQL-family algorithm for ``info``'s shapes; with ``constrained`` its actor is held to the dataset's
+class InfeasibleBudgetWarning(UserWarning):
+    """The data's own episodes cannot meet the cost budget the constrained stage was asked to hold."""
+
+
+def held_to_budget(cls: type[Any], cfg: Any, info: DatasetInfo, t: Transitions, constrained: bool) -> Any:
+    """An offline algorithm for ``info``'s shapes; with ``constrained`` its actor is held to the dataset's
     episode cost budget on the data's episode starts, where ``Q_c(s0, pi(s0))`` is the expected (discounted)
     episode cost, against :func:`cql_cost_limit` unless ``cfg`` sets a limit of its own."""
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
@@ -160,35 +187,66 @@ def held_to_budget(cls: type[A], cfg: CQLConfig, info: DatasetInfo, t: Transitio
     return algo
 
 
-def train_cql(
-    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
-    init_actor: str | Path | None = None, constrained: bool = True, config: CQLConfig | None = None,
+def warm_start_from_bc(algo: Any, init_actor: str | Path) -> dict[str, Any]:
+    """Copy a BC checkpoint's actor into ``algo``'s (trunk and mean head, and whatever else matches);
+    returns what the record keeps of it. The conditioning must match."""
+    from safetensors.torch import load_file
+
+    bc_record = read_config(init_actor)
+    bc_context = bc_record["config"].get("context_dim", 0)
+    if bc_context != algo.cfg.context_dim:
+        raise ValueError(f"{init_actor}: its actor is conditioned on {bc_context} context entries and this {algo.name} "
+                         f"on {algo.cfg.context_dim}; train both with the same context_dim")
+    weights = load_file(str(Path(init_actor) / "weights.safetensors"))
+    copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
+    if not copied:
+        raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
+    return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
+
+
+def train_offline_algo(
+    algo: str, data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
+    init_actor: str | Path | None = None, constrained: bool = True, config: Any = None,
     sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
     prioritized: PERConfig | None = None, context_dim: int | None = None,
 ) -> dict[str, float]:
-    """Stage 2: CQL with a cost critic, optionally starting from a BC actor.
+    """Stage 2: offline RL (``cql``, ``td3bc`` or ``iql``) with a cost critic, optionally from a BC actor.
 
     With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
-    multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` batches are drawn
-    by TD-error priority (``prioritized.py``) with IS-weighted critic losses. ``context_dim``: observation
-    entries that condition actor and critics (:func:`conditioning`); a BC start must match.
+    multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` (CQL only) batches are
+    drawn by TD-error priority (``prioritized.py``) with IS-weighted critic losses. ``context_dim``:
+    observation entries that condition actor and critics (:func:`conditioning`); a BC start must match.
     """
     p = get_preset(preset)
+    if algo not in OFFLINE_CLASSES:
+        raise ValueError(f"unknown offline algorithm {algo!r}; known: {', '.join(OFFLINE_CLASSES)}")
+    cls = OFFLINE_CLASSES[algo]
+    if prioritized is not None and algo != "cql":
+        raise ValueError(f"prioritized replay is implemented for cql, not {algo}")
     t, info = read_dataset(data)
-    cfg = replace(config or p.cql, seed=seed, context_dim=conditioning(info, context_dim))
-    algo = held_to_budget(CQL, cfg, info, t, constrained)
+    cfg = replace(config or p.offline_config(algo), seed=seed, context_dim=conditioning(info, context_dim))
+    learner = held_to_budget(cls, cfg, info, t, constrained)
     extra: dict[str, Any] = {}
     if init_actor is not None:
-        from safetensors.torch import load_file
+        extra["init_actor"] = warm_start_from_bc(learner, init_actor)
+    return _run(learner, data, out, steps or p.offline_steps, sink, progress, preset, t, info, extra, eval_episodes, prioritized)
 
-        bc_record = read_config(init_actor)
-        bc_context = bc_record["config"].get("context_dim", 0)
-        if bc_context != cfg.context_dim:
-            raise ValueError(f"{init_actor}: its actor is conditioned on {bc_context} context entries and this CQL on "
-                             f"{cfg.context_dim}; train both with the same context_dim")
-        weights = load_file(str(Path(init_actor) / "weights.safetensors"))
-        copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
-        if not copied:
-            raise ValueError(f"{init_actor}: no actor weights match CQL's actor (hidden sizes differ?)")
-        extra["init_actor"] = {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
-    return _run(algo, data, out, steps or p.cql_steps, sink, progress, preset, t, info, extra, eval_episodes, prioritized)
+
+def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:
+    """Stage 2 with CQL (:func:`train_offline_algo`)."""
+    return train_offline_algo("cql", data, out, **kw)
+
+
+def train_offline(
+    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, algo: str | None = None,
+    bc_steps: int | None = None, steps: int | None = None, constrained: bool = True,
+    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
+) -> dict[str, dict[str, float]]:
+    """The pipeline's stages 1-2 at their defaults: BC into ``out/bc``, then stage 2's algorithm (``algo``,
+    default the preset's) from it into ``out/<algo>``; returns both final records by stage."""
+    algo = algo or get_preset(preset).offline_algo
+    out = Path(out)
+    common: dict[str, Any] = {"preset": preset, "seed": seed, "sink": sink, "progress": progress, "eval_episodes": eval_episodes}
+    bc = train_bc(data, out / "bc", steps=bc_steps, **common)
+    stage2 = train_offline_algo(algo, data, out / algo, steps=steps, init_actor=out / "bc", constrained=constrained, **common)
+    return {"bc": bc, algo: stage2}

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from arl_models.checkpoint import (
     config_from_dict,
     finished,
     has_train_state,
+    load_shared_networks,
     load_train_state,
     read_config,
     save_checkpoint,
@@ -223,9 +224,18 @@ def _offline_buffer(path: str | Path, scaler: ActionScaler, gamma: float) -> tup
     return buf, torch.as_tensor(mc_returns(t.reward, ends, gamma))
 
 
+SAME_PARTS = ("cql", "calql", "sac")
+"""Offline algorithms whose checkpoint holds every part of the fine-tuning learner (optimisers included)."""
+
+
 def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regularizer | None = None) -> CalQL:
-    """The fine-tuning algorithm from an offline checkpoint's record (CQL or an earlier fine-tuning)."""
-    base = config_from_dict(CalQLConfig, record["config"])
+    """The fine-tuning algorithm from an offline checkpoint's record (any stage-2 algorithm, or an earlier
+    fine-tuning); from TD3+BC or IQL it takes the settings the two share (sizes, rates, discount)."""
+    given = record["config"]
+    if record["algo"] not in SAME_PARTS:
+        known = {f.name for f in fields(CalQLConfig)}
+        given = {k: v for k, v in given.items() if k in known}
+    base = config_from_dict(CalQLConfig, given)
     if cfg.constrained and not base.learn_cost:
         raise ValueError("constrained fine-tuning needs a checkpoint with a cost critic (learn_cost)")
     algo_cfg = replace(
@@ -240,8 +250,14 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
 
 def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, float]:
     """Load every weight, optimiser and the multiplier's state; the multiplier keeps value and integral.
-    The unconstrained baseline never applies a multiplier, so its own stays at 0; the checkpoint's is returned."""
-    load_train_state(from_dir, algo)
+    The unconstrained baseline never applies a multiplier, so its own stays at 0; the checkpoint's is returned.
+
+    From TD3+BC or IQL, whose parts differ, the networks both have (actor, critics, cost critics, their
+    targets) and the multiplier's state are loaded; the optimisers and the temperature start fresh."""
+    if read_config(from_dir)["algo"] in SAME_PARTS:
+        load_train_state(from_dir, algo)
+    else:
+        load_shared_networks(from_dir, algo)
     old = algo.lagrangian.state()
     if algo.cfg.external_multiplier:
         algo.lagrangian = PIDLagrangian(algo.cfg.pid)

@@ -8,8 +8,13 @@ from typing import Any, TypeVar
 
 from arl_models.algos.bc import BCConfig
 from arl_models.algos.cql import CQLConfig
+from arl_models.algos.iql import IQLConfig
+from arl_models.algos.td3bc import TD3BCConfig
 
 C = TypeVar("C")
+
+OFFLINE_ALGOS = ("cql", "td3bc", "iql")
+"""The algorithms stage 2 can run, each with a cost critic and constraint and a BC warm start."""
 
 
 def with_given(cfg: C, **fields: Any) -> C:
@@ -24,7 +29,12 @@ class Preset:
     bc: BCConfig
     bc_steps: int
     cql: CQLConfig
-    cql_steps: int
+    td3bc: TD3BCConfig
+    iql: IQLConfig
+    offline_algo: str
+    """Stage 2's algorithm: ``cql``, ``td3bc`` or ``iql`` (benchmarks/README.md, "Offline algorithms")."""
+    offline_steps: int
+    """Gradient steps of stage 2, whichever algorithm runs it."""
     finetune_steps: int
     """Environment steps of constrained online fine-tuning (stage 3)."""
     continual_steps: int
@@ -35,7 +45,15 @@ class Preset:
     eval_episodes: int
 
     def with_seed(self, seed: int) -> Preset:
-        return replace(self, bc=replace(self.bc, seed=seed), cql=replace(self.cql, seed=seed))
+        return replace(self, bc=replace(self.bc, seed=seed), cql=replace(self.cql, seed=seed),
+                       td3bc=replace(self.td3bc, seed=seed), iql=replace(self.iql, seed=seed))
+
+    def offline_config(self, algo: str | None = None) -> Any:
+        """The config of offline algorithm ``algo`` (default: :attr:`offline_algo`)."""
+        algo = algo or self.offline_algo
+        if algo not in OFFLINE_ALGOS:
+            raise KeyError(f"unknown offline algorithm {algo!r}; known: {', '.join(OFFLINE_ALGOS)}")
+        return getattr(self, algo)
 
 
 PRESETS: dict[str, Preset] = {
@@ -44,7 +62,10 @@ PRESETS: dict[str, Preset] = {
         bc=BCConfig(hidden=(64, 64), batch_size=256, lr=1e-3),
         bc_steps=2_000,
         cql=CQLConfig(hidden=(64, 64), batch_size=256, n_action_samples=10, actor_lr=3e-4, temp_lr=3e-4),
-        cql_steps=5_000,
+        td3bc=TD3BCConfig(hidden=(64, 64), batch_size=256),
+        iql=IQLConfig(hidden=(64, 64), batch_size=256),
+        offline_algo="cql",
+        offline_steps=5_000,
         finetune_steps=6_400,
         continual_steps=2_000,
         log_every=250,
@@ -59,7 +80,10 @@ PRESETS: dict[str, Preset] = {
         bc=BCConfig(hidden=(256, 256), batch_size=256, lr=1e-3),
         bc_steps=100_000,
         cql=CQLConfig(hidden=(256, 256), batch_size=256),
-        cql_steps=500_000,
+        td3bc=TD3BCConfig(hidden=(256, 256), batch_size=256),
+        iql=IQLConfig(hidden=(256, 256), batch_size=256),
+        offline_algo="cql",
+        offline_steps=500_000,
         finetune_steps=250_000,
         continual_steps=100_000,
         log_every=1_000,

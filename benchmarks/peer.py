@@ -3,15 +3,47 @@
 Imported only by the benchmark scripts, which run in ``.venv-bench`` (see ``benchmarks/README.md``):
 d3rlpy is never a dependency of ``arl_models``.
 
-Differences between the two CQLs that remain by design (they are the libraries' own choices):
+Neither side normalises observations (d3rlpy's ``observation_scaler`` is left unset; ours has none):
+both see the rows as stored. Actions: ours scale them to [-1, 1] with ``ActionScaler``, d3rlpy with a
+``MinMaxActionScaler`` of the same bounds. Rewards are not scaled on either side.
 
+Differences that remain by design (they are the libraries' own choices):
+
+All algorithms
 - d3rlpy samples a batch with a Python loop over transitions (``sample_transition_batch``); ours is
   one ``randint`` and one ``index_select`` per field.
+- An MDPDataset derives ``next_obs`` from the next row, so the last transition of an episode that
+  ends by time-out is dropped on d3rlpy's side (0.5% of Pendulum's rows, 0.1% of Hopper's).
+- Ours learn a cost critic (and, constrained, a Lagrange multiplier) beside the reward side, and
+  FiLM-condition on the task's context entries (``context_dim``); d3rlpy does neither (the context
+  entries are plain inputs to it).
+
+CQL
 - d3rlpy evaluates the critics one by one; ours runs the ensemble in one ``baddbmm`` per layer and the
   ``1 + 3N`` action sets in one fused call.
 - d3rlpy's policy clamps ``log_std`` to [-20, 2], ours to [-5, 2].
-- An MDPDataset derives ``next_obs`` from the next row, so the last transition of an episode that
-  ends by time-out is dropped on d3rlpy's side (0.5% of Pendulum's rows, 0.1% of Hopper's).
+
+TD3+BC
+- d3rlpy's actor is deterministic, ``tanh(mu(s))``; ours is the tanh-Gaussian actor acting by the same
+  mean, whose ``log_std`` head also learns (``0.01`` times the clipped-Gaussian likelihood around the
+  detached mean), a term that reaches the mean only through the shared trunk.
+- The BC term: d3rlpy (like the paper's ``F.mse_loss``) averages the squared error over batch and action
+  entries, ours sums over action entries and averages over the batch: on an ``A``-dimensional action the
+  BC term weighs ``A`` times more against the critic term on our side (the same on Pendulum, A = 1).
+- d3rlpy updates actor and targets at gradient steps 0, 2, 4... (its counter before the step), ours at
+  2, 4, 6...: the same number of actor steps, give or take one.
+
+IQL
+- d3rlpy steps Q and V together, one Adam at ``critic_learning_rate`` on the sum of their losses (our
+  ``value_lr`` has no counterpart there); ours steps V first with its own Adam, then Q towards
+  ``r + gamma V(s')`` with the updated V.
+- The advantage of the actor's weights uses V after this step's update on d3rlpy's side, before it on ours.
+- d3rlpy's actor is a Gaussian with mean ``tanh(mu(s))`` and a state-independent ``log_std`` (a parameter
+  squashed into [-5, 2]) under the plain Gaussian likelihood; ours has a state-dependent ``log_std`` head
+  clamped to [-5, 2] and the likelihood censored at the bounds (``clipped_gaussian_log_prob``).
+- No learning-rate schedule on either side: d3rlpy 2.8.1's ``IQLConfig`` defaults to plain Adam (the
+  paper's cosine decay of the actor's rate, with a return-based reward scale, is in d3rlpy's reproduction
+  script ``reproductions/offline/iql.py``, not in its defaults).
 """
 
 from __future__ import annotations
@@ -21,6 +53,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from arl_models.algos.iql import IQLConfig
+from arl_models.algos.td3bc import TD3BCConfig
 from arl_models.data.dataset import Transitions
 
 
@@ -146,14 +180,79 @@ def d3rlpy_bc(
     batch_size: int = 256,
     lr: float = 1e-3,
     policy_type: str = "stochastic",
+    action_low: np.ndarray | None = None,
+    action_high: np.ndarray | None = None,
 ) -> Any:
     """d3rlpy's BC; ``stochastic`` is the Gaussian log-likelihood (our ``gaussian``), else ``deterministic``."""
     import d3rlpy
 
     cfg = d3rlpy.algos.BCConfig(
-        encoder_factory=_encoder(hidden), batch_size=batch_size, learning_rate=lr, policy_type=policy_type
+        encoder_factory=_encoder(hidden),
+        batch_size=batch_size,
+        learning_rate=lr,
+        policy_type=policy_type,
+        action_scaler=_action_scaler(action_low, action_high),
     )
     algo = cfg.create(device=False)
+    algo.build_with_dataset(dataset)
+    return algo
+
+
+def d3rlpy_td3bc(
+    dataset: Any,
+    cfg: TD3BCConfig,
+    action_low: np.ndarray | None = None,
+    action_high: np.ndarray | None = None,
+) -> Any:
+    """d3rlpy's TD3+BC with the networks, batch, learning rates and TD3 settings of our ``TD3BCConfig``."""
+    import d3rlpy
+
+    peer_cfg = d3rlpy.algos.TD3PlusBCConfig(
+        actor_encoder_factory=_encoder(cfg.hidden),
+        critic_encoder_factory=_encoder(cfg.hidden),
+        batch_size=cfg.batch_size,
+        actor_learning_rate=cfg.actor_lr,
+        critic_learning_rate=cfg.critic_lr,
+        gamma=cfg.gamma,
+        tau=cfg.tau,
+        n_critics=cfg.n_critics,
+        alpha=cfg.alpha,
+        target_smoothing_sigma=cfg.policy_noise,
+        target_smoothing_clip=cfg.noise_clip,
+        update_actor_interval=cfg.policy_freq,
+        action_scaler=_action_scaler(action_low, action_high),
+    )
+    algo = peer_cfg.create(device=False)
+    algo.build_with_dataset(dataset)
+    return algo
+
+
+def d3rlpy_iql(
+    dataset: Any,
+    cfg: IQLConfig,
+    action_low: np.ndarray | None = None,
+    action_high: np.ndarray | None = None,
+) -> Any:
+    """d3rlpy's IQL with the networks, batch, learning rates and IQL settings of our ``IQLConfig``
+    (d3rlpy's value network shares the critics' optimiser and rate: ``cfg.value_lr`` has no counterpart)."""
+    import d3rlpy
+
+    peer_cfg = d3rlpy.algos.IQLConfig(
+        actor_encoder_factory=_encoder(cfg.hidden),
+        critic_encoder_factory=_encoder(cfg.hidden),
+        value_encoder_factory=_encoder(cfg.hidden),
+        batch_size=cfg.batch_size,
+        actor_learning_rate=cfg.actor_lr,
+        critic_learning_rate=cfg.critic_lr,
+        gamma=cfg.gamma,
+        tau=cfg.tau,
+        n_critics=cfg.n_critics,
+        expectile=cfg.expectile,
+        weight_temp=cfg.beta,
+        max_weight=cfg.max_weight,
+        action_scaler=_action_scaler(action_low, action_high),
+    )
+    algo = peer_cfg.create(device=False)
     algo.build_with_dataset(dataset)
     return algo
 

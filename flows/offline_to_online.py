@@ -1,4 +1,4 @@
-"""``offline_to_online_flow``: pull -> validate -> BC -> CQL -> fine-tuning -> [EWC] -> evaluate -> register -> gate.
+"""``offline_to_online_flow``: pull -> validate -> BC -> offline RL -> fine-tuning -> [EWC] -> evaluate -> register -> gate.
 
 Stages 1-3 train a policy on the version asked for. Stage 4 runs when the champion has learned other data
 versions: it continues the champion on the new version with an EWC penalty over the champion's chain of
@@ -104,7 +104,7 @@ def offline_to_online_flow(
             return _stage(name, n, data, settings, run_id, uri, runs, refresh_cache, init_from)
 
         bc = stage("bc", 1)
-        stages = [bc, stage("cql", 2, init_from=bc)]
+        stages = [bc, stage("offline", 2, init_from=bc)]
         if training.finetune_steps != 0:
             stages.append(stage("finetune", 3, init_from=stages[-1]))
         if training.continual_steps != 0:
@@ -124,6 +124,7 @@ def offline_to_online_flow(
         failed_stage = "promote"
         candidate = {
             "score": evaluation["score"],
+            "references": evaluation["references"],
             "mean_cost": evaluation["mean_cost"],
             "forgetting": final["metrics"].get("continual/ewc_mean_forgetting"),
             "data_validated": bool(validation.get("validated")),
@@ -138,6 +139,9 @@ def offline_to_online_flow(
             max_forgetting=gate.max_forgetting,
             parent_run_id=run_id,
             tracking_uri=uri,
+            scored_as={
+                "policy": evaluation["policy"], "episodes": gate.eval_episodes, "seed": gate.eval_seed, "runs_dir": runs,
+            },
         )
     except BaseException as e:
         logger.error("pipeline failed in stage %s: %s", failed_stage, e)

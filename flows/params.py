@@ -34,11 +34,16 @@ class TrainingConfig(BaseModel):
     )
     seed: int = Field(0, ge=0, lt=2**32, description="Random seed of every stage.")
     bc_steps: int | None = Field(None, gt=0, description="BC gradient steps (empty: the preset's).")
-    cql_steps: int | None = Field(None, gt=0, description="CQL gradient steps (empty: the preset's).")
+    offline_algo: Literal["cql", "td3bc", "iql"] | None = Field(
+        None, description="Stage 2's offline algorithm (empty: the preset's)."
+    )
+    offline_steps: int | None = Field(
+        None, gt=0, description="Stage 2's gradient steps (empty: the preset's)."
+    )
     eval_episodes: int | None = Field(
         None, ge=0, description="Evaluation episodes during training (empty: the preset's)."
     )
-    constrained: bool = Field(True, description="Hold CQL's actor to the dataset's cost budget (Lagrangian).")
+    constrained: bool = Field(True, description="Hold stage 2's actor to the dataset's cost budget (Lagrangian).")
     finetune_steps: int | None = Field(
         None, ge=0, description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it)."
     )
@@ -68,7 +73,7 @@ class TrainingConfig(BaseModel):
     def stage_settings(self, stage: str) -> dict:
         steps = {
             "bc": self.bc_steps,
-            "cql": self.cql_steps,
+            "offline": self.offline_steps,
             "finetune": self.finetune_steps,
             "ewc": self.continual_steps,
         }[stage]
@@ -79,6 +84,8 @@ class TrainingConfig(BaseModel):
             "eval_episodes": self.eval_episodes,
             "constrained": self.constrained,
         }
+        if stage == "offline":
+            settings["offline_algo"] = self.offline_algo
         if stage == "finetune":
             settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
             if self.finetune_budget is not None:

@@ -9,6 +9,8 @@ applies the gate of :mod:`tasks.registry` and records the verdict on the parent 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -26,7 +28,7 @@ def evaluate_policy(
     ``score`` is the normalised score (0 random, 100 expert) where the dataset has reference returns,
     else the mean return.
     """
-    from arl_models.checkpoint import handed_over
+    from arl_models.checkpoint import handed_over, read_config
     from arl_models.offline import evaluate_checkpoint
 
     policy = handed_over(checkpoint)
@@ -52,6 +54,9 @@ def evaluate_policy(
         raise
     tracking.end_run(run_id, tracking_uri=tracking_uri)
     score = res.normalized_score if res.normalized_score is not None else res.mean_return
+    env = read_config(policy)["env"]
+    refs = (env.get("ref_random_return"), env.get("ref_expert_return"))
+    references = "none" if res.normalized_score is None else f"random {refs[0]:g}, expert {refs[1]:g}"
     get_run_logger().info(
         "evaluate %s: score %.2f, mean cost %.2f (budget %g) over %d episodes",
         stage,
@@ -62,6 +67,8 @@ def evaluate_policy(
     )
     return {
         "score": float(score),
+        "references": references,
+        "policy": str(policy),
         "mean_cost": res.mean_cost,
         "cost_budget": res.cost_budget,
         "metrics": metrics,
@@ -89,8 +96,6 @@ def register_stage_policy(
 ) -> dict[str, str]:
     """Register the stage's checkpoint (as a loadable pyfunc) under its own stage run; the tag
     ``arl.served_policy`` says which of its policies the model serves (``best`` or ``last`` weights)."""
-    from pathlib import Path
-
     from arl_models.checkpoint import handed_over
 
     checkpoint = Path(stage_result["checkpoint"])
@@ -118,6 +123,29 @@ def register_stage_policy(
     return {"name": reg.name, "version": reg.version, "source": reg.source, "stage": stage_result["stage"]}
 
 
+def _rescorer(
+    model_name: str, candidate: dict[str, Any], scored_as: dict[str, Any], tracking_uri: str
+) -> Callable[[str], dict[str, Any]]:
+    """Score a registered version on the candidate's task version, references, episodes and seed."""
+
+    def rescore(version: str) -> dict[str, Any]:
+        from arl_models.checkpoint import handed_over, read_config
+        from arl_models.offline import evaluate_checkpoint, record_references
+        from tasks.continual import _local_checkpoint
+
+        env = read_config(scored_as["policy"])["env"]
+        mv = tracking.client(tracking_uri).get_model_version(model_name, version)
+        ckpt = handed_over(_local_checkpoint(model_name, mv, Path(scored_as["runs_dir"]), tracking_uri))
+        res = evaluate_checkpoint(
+            ckpt, f"{env['task']}@{env['env_version']}", scored_as["episodes"], scored_as["seed"],
+            ref_scores=record_references(read_config(scored_as["policy"])),
+        )
+        score = res.normalized_score if res.normalized_score is not None else res.mean_return
+        return {"score": float(score), "references": candidate.get("references")}
+
+    return rescore
+
+
 @task(name="promote_policy", retries=2, retry_delay_seconds=5, task_run_name="gate {model_name} v{version}")
 def promote_policy(
     model_name: str,
@@ -129,8 +157,12 @@ def promote_policy(
     max_forgetting: float,
     parent_run_id: str,
     tracking_uri: str,
+    scored_as: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The promotion gate: ``champion`` or ``challenger`` with the reason; recorded on the parent run too."""
+    """The promotion gate: ``champion`` or ``challenger`` with the reason; recorded on the parent run too.
+
+    ``scored_as``: how the candidate was scored (``policy``, ``episodes``, ``seed``, ``runs_dir``), so that a
+    champion scored against other references is scored again the same way before the two are compared."""
     logger = get_run_logger()
     current = registry.alias_version(model_name, registry.CHAMPION, tracking_uri=tracking_uri)
     if current == version:
@@ -144,6 +176,7 @@ def promote_policy(
             cost_budget=cost_budget,
             max_forgetting=max_forgetting,
             tracking_uri=tracking_uri,
+            rescore=_rescorer(model_name, candidate, scored_as, tracking_uri) if scored_as else None,
         )
     alias = registry.CHAMPION if decision.promote else registry.CHALLENGER
     c = tracking.client(tracking_uri)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from tasks.tracking import client
 CHAMPION, CHALLENGER = "champion", "challenger"
 TRACE_TAGS = ("stage", "dataset_hash", "env_version", "policy_hash", "seed", "git_commit")
 SCORE, MEAN_COST, FORGETTING, VALIDATED = "score", "mean_cost", "forgetting", "data_validated"
+REFERENCES = "references"
+"""The (random, expert) returns a score is normalised with, as text (``"none"``: a raw return)."""
 _METRIC_TAG = "arl.gate."
 
 
@@ -48,7 +50,9 @@ def promotion_decision(
     (mean episode cost), ``forgetting`` (score lost on earlier data/env versions; absent or None when
     there are none) and ``data_validated``. The candidate must: come from validated data; have a finite
     score; keep mean cost within ``cost_budget``; forget at most ``max_forgetting``; and score at least
-    ``champion.score - tolerance`` (it may trail the champion by no more than evaluation noise).
+    ``champion.score - tolerance`` (it may trail the champion by no more than evaluation noise). Scores
+    are compared only when both were computed against the same ``references``; otherwise the candidate
+    is refused with the two named, since a raw return against a normalised score means nothing.
     """
     if tolerance < 0 or max_forgetting < 0:
         raise ValueError("tolerance and max_forgetting must be >= 0")
@@ -68,7 +72,12 @@ def promotion_decision(
     elif forgetting is not None and forgetting > max_forgetting:
         problems.append(f"forgetting {forgetting:.4g} exceeds bound {max_forgetting:.4g}")
     best = champion.get(SCORE) if champion is not None else None
-    if champion is not None and _finite(score) and _finite(best) and score < best - tolerance:
+    refs = (candidate.get(REFERENCES), champion.get(REFERENCES) if champion is not None else None)
+    comparable = champion is None or not _finite(best) or refs[0] == refs[1]
+    if not comparable:
+        problems.append(f"score computed against references {refs[0]!r}, the champion's against {refs[1]!r}: "
+                        "not comparable")
+    elif champion is not None and _finite(score) and _finite(best) and score < best - tolerance:
         problems.append(f"score {score:.4g} below champion {best:.4g} minus tolerance {tolerance:.4g}")
     if problems:
         return Decision(False, "; ".join(problems))
@@ -141,6 +150,8 @@ def gate_metrics(model_name: str, version: str, *, tracking_uri: str | None = No
             out[key] = float(tags[f"{_METRIC_TAG}{key}"])
     if f"{_METRIC_TAG}{VALIDATED}" in tags:
         out[VALIDATED] = tags[f"{_METRIC_TAG}{VALIDATED}"] == "true"
+    if f"{_METRIC_TAG}{REFERENCES}" in tags:
+        out[REFERENCES] = tags[f"{_METRIC_TAG}{REFERENCES}"]
     return out
 
 
@@ -153,20 +164,37 @@ def promote(
     cost_budget: float,
     max_forgetting: float,
     tracking_uri: str | None = None,
+    rescore: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> Decision:
-    """Gate ``version`` against the current champion; set alias ``champion`` or ``challenger``; tag the reason."""
+    """Gate ``version`` against the current champion; set alias ``champion`` or ``challenger``; tag the reason.
+
+    ``rescore(champion_version)``, where given, scores the champion the way the candidate was scored (its
+    task version, references, episodes and seed): the gate then compares the two on that one scale when
+    their recorded scores were computed against different references (another data version's, say)."""
     c = client(tracking_uri)
     current = alias_version(model_name, CHAMPION, tracking_uri=tracking_uri)
     champion = gate_metrics(model_name, current, tracking_uri=tracking_uri) if current else None
+    note = ""
+    if current and champion and rescore is not None and champion.get(REFERENCES) != candidate.get(REFERENCES):
+        try:
+            again = rescore(current)
+        except (OSError, KeyError, ValueError, RuntimeError) as e:  # the champion cannot act on this version
+            note = f" (the champion could not be re-scored on the candidate's scale: {e})"
+        else:
+            champion = {**champion, **again}
+            note = f" (champion re-scored on the candidate's task version and references: {again[SCORE]:.4g})"
     decision = promotion_decision(
         candidate, champion, tolerance=tolerance, cost_budget=cost_budget, max_forgetting=max_forgetting
     )
+    decision = Decision(decision.promote, decision.reason + note)
     for key in (SCORE, MEAN_COST, FORGETTING):
         if candidate.get(key) is not None:
             c.set_model_version_tag(model_name, version, f"{_METRIC_TAG}{key}", str(float(candidate[key])))
     c.set_model_version_tag(
         model_name, version, f"{_METRIC_TAG}{VALIDATED}", str(candidate.get(VALIDATED) is True).lower()
     )
+    if candidate.get(REFERENCES) is not None:
+        c.set_model_version_tag(model_name, version, f"{_METRIC_TAG}{REFERENCES}", str(candidate[REFERENCES]))
     alias = CHAMPION if decision.promote else CHALLENGER
     c.set_registered_model_alias(model_name, alias, version)
     c.set_model_version_tag(model_name, version, "arl.promotion", alias)

@@ -23,7 +23,7 @@ from prefect import get_run_logger, task
 
 from tasks import tracking
 
-STAGES = ("bc", "cql", "finetune", "ewc")
+STAGES = ("bc", "offline", "finetune", "ewc")
 COMPLETION_KEY = {"ewc": "continual/ewc_mean_forgetting"}
 """A metric a stage writes only once it has finished everything (EWC: after measuring forgetting)."""
 CURVES = {
@@ -36,8 +36,16 @@ CURVES = {
 }
 
 
-def library_config(stage: str, preset: str) -> dict[str, Any]:
-    """The algorithm config the library will use for ``stage`` under ``preset`` (part of the cache key)."""
+def offline_algo(settings: dict[str, Any]) -> str:
+    """Stage 2's algorithm: the form's choice, else the preset's (the library's default)."""
+    from arl_models.presets import get_preset
+
+    return settings.get("offline_algo") or get_preset(settings["preset"]).offline_algo
+
+
+def library_config(stage: str, preset: str, algo: str | None = None) -> dict[str, Any]:
+    """The algorithm config the library will use for ``stage`` under ``preset`` (part of the cache key);
+    ``algo``: stage 2's algorithm (default: the preset's)."""
     from arl_models.presets import get_preset
 
     p = get_preset(preset)
@@ -49,7 +57,7 @@ def library_config(stage: str, preset: str) -> dict[str, Any]:
         from arl_models.continual import ContinualConfig
 
         return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
-    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.cql, p.cql_steps)
+    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.offline_config(algo), p.offline_steps)
     # the conditioning follows the dataset's task (arl_models.offline.conditioning); the run is tagged with it
     return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps}
 
@@ -63,7 +71,7 @@ def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_k
             "stage": stage,
             "dataset": dataset_md5,
             "settings": settings,
-            "library": library_config(stage, settings["preset"]),
+            "library": library_config(stage, settings["preset"], settings.get("offline_algo")),
             "layout": nets.layout_signature(),
             "upstream": upstream_key,
         },
@@ -93,7 +101,7 @@ def _finished(out: Path, stage: str, steps: int) -> dict[str, float] | None:
 
 
 def _target_steps(stage: str, settings: dict[str, Any]) -> int:
-    return int(settings.get("steps") or library_config(stage, settings["preset"])["default_steps"])
+    return int(settings.get("steps") or library_config(stage, settings["preset"], settings.get("offline_algo"))["default_steps"])
 
 
 def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
@@ -114,7 +122,7 @@ def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
 def _train(
     stage: str, data_dir: str, out: Path, settings: dict[str, Any], init_actor: str | None, sink: Any
 ) -> dict:
-    from arl_models.offline import train_bc, train_cql
+    from arl_models.offline import train_bc, train_offline_algo
 
     common = {
         "preset": settings["preset"],
@@ -139,8 +147,9 @@ def _train(
         return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
     if stage == "ewc":
         return _continual(init_actor, data_dir, out, settings, sink, common["progress"])
-    return train_cql(
-        data_dir, out, init_actor=init_actor, constrained=settings.get("constrained", True), **common
+    return train_offline_algo(
+        offline_algo(settings), data_dir, out, init_actor=init_actor,
+        constrained=settings.get("constrained", True), **common,
     )
 
 
@@ -184,12 +193,13 @@ def train_stage(
     runs_dir: str,
     init_from: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train ``stage`` (``bc`` | ``cql`` | ``finetune`` | ``ewc``) on the pulled dataset; returns the
+    """Train ``stage`` (``bc`` | ``offline`` | ``finetune`` | ``ewc``) on the pulled dataset; returns the
     checkpoint and its metrics.
 
-    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``;
+    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``,
+    ``offline_algo`` (stage 2's: ``cql`` | ``td3bc`` | ``iql``; None: the preset's);
     for ``ewc`` also ``ewc_weight``, ``rehearsal``, ``previous`` (the earlier versions' dataset directories, oldest first)
-    and ``forgetting_episodes``. ``init_from``: the upstream stage's result (CQL starts its actor from BC's,
+    and ``forgetting_episodes``. ``init_from``: the upstream stage's result (stage 2 starts its actor from BC's,
     fine-tuning from CQL's, EWC from the champion found by :func:`tasks.continual.earlier_versions`).
     """
     if stage not in STAGES:
@@ -203,7 +213,7 @@ def train_stage(
         "steps": steps,
         "stage_key": key,
         "checkpoint": str(out),
-        **{f"algo.{k}": v for k, v in library_config(stage, settings["preset"])["config"].items()},
+        **{f"algo.{k}": v for k, v in library_config(stage, settings["preset"], settings.get("offline_algo"))["config"].items()},
         "init_from": (init_from or {}).get("checkpoint", ""),
     }
     run_id = tracking.start_stage_run(
@@ -224,7 +234,9 @@ def train_stage(
         c = tracking.client(tracking_uri)
         from arl_models.checkpoint import read_config
 
-        c.set_tag(run_id, "arl.context_dim", str(read_config(out)["config"].get("context_dim", 0)))
+        record = read_config(out)
+        c.set_tag(run_id, "arl.context_dim", str(record["config"].get("context_dim", 0)))
+        c.set_tag(run_id, "arl.algo", record["algo"])
         c.log_artifact(run_id, str(out / "config.json"), artifact_path="checkpoint")
         c.log_artifact(run_id, str(out / "metrics.json"), artifact_path="checkpoint")
     except BaseException:

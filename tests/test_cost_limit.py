@@ -9,7 +9,7 @@ from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.checkpoint import read_config
 from arl_models.data import read_dataset, read_info, write_dataset
 from arl_models.lagrange import PIDConfig
-from arl_models.offline import cql_cost_limit, train_cql
+from arl_models.offline import InfeasibleBudgetWarning, cql_cost_limit, train_cql
 from tests.conftest import make_buffer, make_transitions, pendulum_info
 
 
@@ -52,8 +52,19 @@ def test_data_within_budget_that_pay_early_raise_the_limit_to_what_they_pay():
     assert cql_cost_limit(info, 0.99, data=early) == pytest.approx(paid.mean())
     late = _paying([list(range(188, 200))] * 2)  # within budget, paid late: the even spread stays the limit
     assert cql_cost_limit(info, 0.99, data=late) == pytest.approx(uniform)
-    over = _paying([list(range(40))] * 2)  # no episode meets the budget: nothing to calibrate on
-    assert cql_cost_limit(info, 0.99, data=over) == pytest.approx(uniform)
+    over = _paying([list(range(40))] * 2)  # no episode meets the budget: the cheapest tenth's cost, and a warning
+    with pytest.warns(InfeasibleBudgetWarning, match="no episode of the dataset meets the cost budget 12"):
+        assert cql_cost_limit(info, 0.99, data=over) == pytest.approx(over.episode_costs(0.99).min())
+
+
+def test_when_no_episode_meets_the_budget_the_limit_is_what_the_cheapest_tenth_pays():
+    info = pendulum_info()
+    # twenty episodes over budget (12): two pay 13 early, the rest 40
+    t = _paying([list(range(13))] * 2 + [list(range(40))] * 18)
+    with pytest.warns(InfeasibleBudgetWarning):
+        limit = cql_cost_limit(info, 0.99, data=t)
+    assert limit == pytest.approx(t.episode_costs(0.99)[:2].mean())
+    assert limit < t.episode_costs(0.99).mean()
 
 
 def test_constrained_cql_is_held_to_that_limit(tmp_path):

@@ -1,12 +1,19 @@
 """Behaviour cloning: the first stage, and the baseline every later stage must beat.
 
 Pomerleau (1991); the deterministic variant regresses actions with a squared error, the Gaussian
-variant maximises the log-likelihood of the data's actions under a tanh-Gaussian policy (the same
-network as SAC/CQL's actor, so CQL can start from it directly).
+variant maximises the log-likelihood of the data's actions (:func:`clipped_gaussian_log_prob`) with the
+same network as SAC/CQL's actor, so CQL can start from it directly.
+
+Logged control data is a policy's output plus noise, clipped to the bounds, so a share of its action
+entries sits exactly at -1 or 1. The Gaussian variant reads such an entry as what it is, a censored
+observation: the probability that the unclipped action lies beyond the bound (the Tobit likelihood,
+Tobin 1958), not a density at ``atanh(1 - eps)``, which would weigh one saturated entry like a point
+seven standard units out and drag the mean towards it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,7 +34,7 @@ class BCConfig:
     context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
     policy: Literal["deterministic", "gaussian"] = "gaussian"
-    """``deterministic``: mean-squared error; ``gaussian``: negative log-likelihood."""
+    """``deterministic``: mean-squared error; ``gaussian``: negative log-likelihood with the bounds censored."""
     lr: float = 1e-3
     batch_size: int = 256
     weight_decay: float = 0.0
@@ -41,9 +48,33 @@ class BCLosses:
         return {"loss_actor": self.actor.item()}
 
 
+SATURATED = 1.0 - 1e-4
+"""An action entry at or beyond this magnitude (in [-1, 1]) sits at its bound: a censored observation."""
+
+
+def clipped_gaussian_log_prob(
+    actor: TanhGaussianActor, obs: torch.Tensor, act: torch.Tensor, detach_mean: bool = False
+) -> torch.Tensor:
+    """Log-likelihood ``(B,)`` of actions in [-1, 1] under ``clip(tanh(mu) + std * eps, -1, 1)``.
+
+    An entry inside the bounds contributes the Gaussian density at it; an entry at a bound the log of
+    the Gaussian's mass beyond that bound (``log_ndtr``, stable far in the tail). ``detach_mean`` fits
+    the spread alone around a mean that another loss trains (TD3+BC's)."""
+    mu, log_std = actor.dist_params(obs)
+    mean = torch.tanh(mu)
+    if detach_mean:
+        mean = mean.detach()
+    std = log_std.exp()
+    inside = -0.5 * ((act - mean) / std).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    upper = torch.special.log_ndtr((mean - SATURATED) / std)  # log P(x >= bound)
+    lower = torch.special.log_ndtr((-SATURATED - mean) / std)  # log P(x <= -bound)
+    per_entry = torch.where(act >= SATURATED, upper, torch.where(act <= -SATURATED, lower, inside))  # (B, A)
+    return per_entry.sum(-1)
+
+
 def compute_bc_loss(actor: nn.Module, obs: torch.Tensor, act: torch.Tensor) -> BCLosses:
     if isinstance(actor, TanhGaussianActor):
-        return BCLosses(actor=-actor.log_prob(obs, act).mean())
+        return BCLosses(actor=-clipped_gaussian_log_prob(actor, obs, act).mean())
     return BCLosses(actor=(actor(obs) - act).pow(2).sum(-1).mean())
 
 

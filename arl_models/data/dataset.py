@@ -73,6 +73,9 @@ class DatasetInfo:
     """``random``, ``medium``, ``expert``, ``medium-replay``, ``medium-expert``, ``imported`` or ``mixed``."""
     ref_random_return: float | None = None
     ref_expert_return: float | None = None
+    ref_source: str | None = None
+    """Where the reference returns come from (:mod:`arl_models.data.references`): ``d4rl``, ``measured``,
+    ``given`` or, for parts that disagree, ``merged``; ``None`` where unrecorded (older sidecars)."""
     cost_budget: float | None = None
     num_transitions: int = 0
     num_episodes: int = 0
@@ -217,6 +220,7 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
         first, quality="mixed", source="arl data merge",
         ref_random_return=min(refs["ref_random_return"], default=None),
         ref_expert_return=max(refs["ref_expert_return"], default=None),
+        ref_source=first.ref_source if all(i.ref_source == first.ref_source for i in infos) else "merged",
         extra={k: v for k, v in first.extra.items() if k in ("cost_fn", "max_episode_steps")}
         | {"merged_from": [{"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions} for p, i in zip(paths, infos, strict=True)]},
     )

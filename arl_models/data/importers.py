@@ -5,7 +5,9 @@ Both produce the project's format (:mod:`arl_models.data.dataset`). Where the so
 signal, the task's cost function computes it from the observations (vectorised). Imported rows get
 the data-version metadata too: ``policy_hash`` is the source's own when it records one, otherwise the
 SHA-256 of the actions (an identifier of the unknown behaviour policy's data); ``random_seed`` and
-``env_version`` come from the caller or the task.
+``env_version`` come from the caller or the task. The reference returns are the caller's
+(``ref_scores``) or else the task's (:func:`arl_models.data.references.resolve_references`); the sidecar
+records them, their ``ref_source`` and, in ``extra.references``, where they come from.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from arl_models.data.dataset import (
     with_metadata,
     write_dataset,
 )
+from arl_models.data.references import given_references, resolve_references
 from arl_models.envs.registry import TaskSpec, env_dims, get_task
 
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
@@ -42,13 +45,18 @@ def _costs(
     return batch_cost(action, next_obs)
 
 
-def _info(spec: TaskSpec, quality: str, n_source: str, costs_computed: bool) -> DatasetInfo:
+def _info(
+    spec: TaskSpec, quality: str, n_source: str, costs_computed: bool, ref_scores: tuple[float, float] | None
+) -> DatasetInfo:
     obs_dim, act_dim, low, high, horizon = env_dims(spec)
+    refs = given_references(ref_scores) if ref_scores is not None else resolve_references(spec.name, spec.env_version)
     return DatasetInfo(
         task=spec.name, env_id=spec.env_id, env_version=spec.env_version, obs_dim=obs_dim, action_dim=act_dim,
         action_low=low.tolist(), action_high=high.tolist(), quality=quality, cost_budget=spec.cost_budget,
-        source=n_source,
-        extra={"max_episode_steps": horizon, "cost_fn": repr(spec.cost_fn) if costs_computed else "given by the source"},
+        ref_random_return=refs.random_return if refs else None, ref_expert_return=refs.expert_return if refs else None,
+        ref_source=refs.source if refs else None, source=n_source,
+        extra={"max_episode_steps": horizon, "cost_fn": repr(spec.cost_fn) if costs_computed else "given by the source",
+               "references": refs.detail if refs else f"none known for {spec.key}"},
     )
 
 
@@ -68,10 +76,14 @@ def _episode_steps(episode_id: np.ndarray) -> np.ndarray:
 
 
 def import_d4rl(
-    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None
+    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None,
+    ref_scores: tuple[float, float] | None = None,
 ) -> DatasetInfo:
-    """A D4RL-style HDF5 file (``observations, actions, rewards, terminals, timeouts``[, ``next_observations``])."""
+    """A D4RL-style HDF5 file (``observations, actions, rewards, terminals, timeouts``[, ``next_observations``]);
+    ``ref_scores`` = (random, expert) returns, the task's references when not given."""
     spec = get_task(task)
+    if ref_scores is not None:
+        given_references(ref_scores)  # a bad pair fails before any reading
     src = str(path)
     with h5py.File(path, "r") as f:
         missing = [k for k in D4RL_KEYS if k not in f]
@@ -113,16 +125,20 @@ def import_d4rl(
         terminated=term[sel], truncated=trunc[sel], episode_id=episode_id, step=_episode_steps(episode_id),
         **with_metadata(int(sel.sum()), env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
-    info = _info(spec, quality, f"d4rl:{Path(path).name}", costs_computed=cost is None)
+    info = _info(spec, quality, f"d4rl:{Path(path).name}", costs_computed=cost is None, ref_scores=ref_scores)
     write_dataset(out, t, info)
     return read_info(out)
 
 
 def import_minari(
-    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None
+    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None,
+    ref_scores: tuple[float, float] | None = None,
 ) -> DatasetInfo:
-    """A Minari dataset directory (``data/main_data.hdf5`` with one group per episode)."""
+    """A Minari dataset directory (``data/main_data.hdf5`` with one group per episode); ``ref_scores`` as
+    :func:`import_d4rl`'s."""
     spec = get_task(task)
+    if ref_scores is not None:
+        given_references(ref_scores)
     path = Path(path)
     h5 = path / "data" / "main_data.hdf5"
     if not h5.is_file():
@@ -159,7 +175,7 @@ def import_minari(
         next_obs=cat["next_obs"], terminated=cat["term"], truncated=cat["trunc"], episode_id=cat["ep"],
         step=_episode_steps(cat["ep"]), **with_metadata(n, env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
-    info = _info(spec, quality, f"minari:{path.name}", costs_computed=given is None)
+    info = _info(spec, quality, f"minari:{path.name}", costs_computed=given is None, ref_scores=ref_scores)
     write_dataset(out, t, info)
     return read_info(out)
 

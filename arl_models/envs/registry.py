@@ -163,11 +163,13 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
 
 
 def _register_builtin() -> None:
-    # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity).
+    # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity,
+    # SafetyWalker2dVelocity); the index is the x velocity's in the observation (qpos[1:], then qvel).
     builtin: list[tuple[str, str, CostFn, str]] = [
         ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0, ramp=1.0), "Pendulum swing-up; cost: torque past 1 N m, in N m (0 to 1 a step)"),
         ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
         ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
+        ("safe-walker2d", "Walker2d-v5", VelocityCost(threshold=2.3415, obs_index=8), "Walker2d; cost when forward velocity > 2.3415 m/s"),
     ]
     # Dynamics variants for continual learning: each changes what the best policy does.
     variants = {

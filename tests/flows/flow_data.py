@@ -12,7 +12,7 @@ from arl_models.envs import get_task
 # Tiny training for every pipeline test: seconds per stage, not minutes.
 TINY = {
     "bc_steps": 5,
-    "cql_steps": 5,
+    "offline_steps": 5,
     "finetune_steps": 200,
     "finetune_envs": 1,
     "eval_episodes": 0,

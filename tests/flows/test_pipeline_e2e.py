@@ -49,13 +49,13 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert parent.info.status == "FINISHED" and parent.data.tags["arl.dataset.md5"] == demo_version["md5"]
     assert [d.dataset.digest for d in parent.inputs.dataset_inputs] == [demo_version["md5"]]
     stages = _children(first["run_id"])
-    assert set(stages) == {"validate", "bc", "cql", "finetune", "evaluate"}
+    assert set(stages) == {"validate", "bc", "offline", "finetune", "evaluate"}
     # the bytes ingest_flow validated (pulled here by DVC) are not judged again: the recorded pass is reused
     validate = stages["validate"].data
     assert validate.tags["arl.validation.reused"] == "true" and validate.metrics["validate/expectations"] > 0
     finetune = stages["finetune"]
     assert {"online/lagrange_multiplier", "online/cumulative_cost"} <= set(finetune.data.metrics)
-    cql = stages["cql"]
+    cql = stages["offline"]
     assert {"train/loss_critic", "train/lagrange_multiplier", "train/q_data"} <= set(cql.data.metrics)
     assert len(c.get_metric_history(cql.info.run_id, "train/loss_critic")) >= 1
     plots = {a.path for a in c.list_artifacts(cql.info.run_id, "plots")}
@@ -74,7 +74,7 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
         and tags["arl.seed"] == "0"
     )
     assert tags["arl.git_commit"]
-    assert {v["stage"] for v in first["versions"]} == {"bc", "cql", "finetune"}
+    assert {v["stage"] for v in first["versions"]} == {"bc", "offline", "finetune"}
     import mlflow.pyfunc
     import numpy as np
 
@@ -115,7 +115,7 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
     assert version["stage"] == "finetune"
     served = {v["stage"]: tracking.client(_uri()).get_model_version(MODEL, v["version"]).tags["arl.served_policy"]
               for v in result["versions"]}
-    assert served == {"bc": "last", "cql": "last", "finetune": "best"}
+    assert served == {"bc": "last", "offline": "last", "finetune": "best"}
     obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     served = mlflow.pyfunc.load_model(f"models:/{MODEL}/{version['version']}").predict(obs)
     np.testing.assert_allclose(served, load_policy(best).act(obs), rtol=1e-6)
@@ -178,8 +178,8 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
 ) -> None:
     import arl_models.offline as offline
 
-    calls = {"bc": 0, "cql": 0, "evaluate": 0}
-    real = {"bc": offline.train_bc, "cql": offline.train_cql, "evaluate": offline.evaluate_checkpoint}
+    calls = {"bc": 0, "offline": 0, "evaluate": 0}
+    real = {"bc": offline.train_bc, "offline": offline.train_offline_algo, "evaluate": offline.evaluate_checkpoint}
 
     def counting(name):
         def fn(*args, **kwargs):
@@ -191,17 +191,17 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
         return fn
 
     monkeypatch.setattr(offline, "train_bc", counting("bc"))
-    monkeypatch.setattr(offline, "train_cql", counting("cql"))
+    monkeypatch.setattr(offline, "train_offline_algo", counting("offline"))
     monkeypatch.setattr(offline, "evaluate_checkpoint", counting("evaluate"))
 
     with pytest.raises(ConnectionError):
         _run(demo_version, seed=7)
-    assert calls == {"bc": 1, "cql": 1, "evaluate": 1}
+    assert calls == {"bc": 1, "offline": 1, "evaluate": 1}
 
     retried = _run(demo_version, seed=7)
-    assert calls == {"bc": 1, "cql": 1, "evaluate": 2}  # stages 1 and 2 were not retrained
+    assert calls == {"bc": 1, "offline": 1, "evaluate": 2}  # stages 1 and 2 were not retrained
     stages = _children(retried["run_id"])
-    for name in ("bc", "cql"):
+    for name in ("bc", "offline"):
         assert stages[name].data.tags["arl.reused_from_run"] == retried["stages"][name]["run_id"]
 
     # without Prefect's result cache, the finished checkpoint on disk is reused as well
@@ -212,8 +212,8 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
         GateConfig(**GATE),
         refresh_cache=True,
     )
-    assert calls["bc"] == 1 and calls["cql"] == 1
-    assert _children(again["run_id"])["cql"].data.tags["arl.reused_checkpoint"] == "true"
+    assert calls["bc"] == 1 and calls["offline"] == 1
+    assert _children(again["run_id"])["offline"].data.tags["arl.reused_checkpoint"] == "true"
 
 
 def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     result = _run(new, training={"rehearsal": 0.5})
 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
-    assert list(result["stages"]) == ["bc", "cql", "finetune", "ewc"]
+    assert list(result["stages"]) == ["bc", "offline", "finetune", "ewc"]
     ewc = result["stages"]["ewc"]
     continual_config = json.loads((Path(ewc["checkpoint"]) / "config.json").read_text())["continual_config"]
     assert continual_config["rehearsal"] == 0.5

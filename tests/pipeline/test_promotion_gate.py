@@ -78,3 +78,12 @@ def test_truthy_validation_flag_is_not_enough() -> None:
 def test_negative_bounds_are_an_error(bad: dict) -> None:
     with pytest.raises(ValueError):
         promotion_decision({"score": 1.0}, None, **{**GATE, **bad})
+
+
+def test_scores_against_different_references_are_not_compared() -> None:
+    candidate = {"data_validated": True, "score": 541.5, "mean_cost": 0.0, "references": "none"}
+    champion = {"score": 94.4, "references": "random -20.27, expert 3234.3"}
+    d = promotion_decision(candidate, champion, **GATE)
+    assert not d.promote and "not comparable" in d.reason and "'none'" in d.reason
+    same = {**candidate, "score": 94.0, "references": champion["references"]}
+    assert promotion_decision(same, champion, **GATE).promote

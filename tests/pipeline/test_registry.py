@@ -123,6 +123,31 @@ def test_champion_kept_when_worse_candidate_arrives(
     assert registry.gate_metrics(name, versions[3], tracking_uri=mlflow_uri)["score"] == 55.0
 
 
+def test_a_champion_scored_against_other_references_is_scored_again(
+    fake_checkpoints: None, mlflow_uri: str, run_id: str, tmp_path: Path
+) -> None:
+    name = "arl-references"
+    v = [
+        registry.register_policy(_checkpoint(tmp_path / f"r{i}", i), model_name=name, run_id=run_id, tags=TRACE,
+                                 tracking_uri=mlflow_uri).version
+        for i in range(3)
+    ]
+    first = {"score": 90.0, "mean_cost": 1.0, "data_validated": True, "references": "random 0, expert 100"}
+    assert registry.promote(name, v[0], first, **GATE, tracking_uri=mlflow_uri).promote
+    rescored: list[str] = []
+
+    def rescore(version: str) -> dict:  # the champion on the candidate's version scores 40 there
+        rescored.append(version)
+        return {"score": 40.0, "references": "random 10, expert 50"}
+
+    candidate = {"score": 45.0, "mean_cost": 1.0, "data_validated": True, "references": "random 10, expert 50"}
+    without = registry.promote(name, v[1], candidate, **GATE, tracking_uri=mlflow_uri)
+    assert not without.promote and "not comparable" in without.reason  # 45 is never compared with 90
+    d = registry.promote(name, v[2], candidate, **GATE, tracking_uri=mlflow_uri, rescore=rescore)
+    assert d.promote and rescored == [v[0]] and "re-scored" in d.reason and "40" in d.reason
+    assert registry.alias_version(name, "champion", tracking_uri=mlflow_uri) == v[2]
+
+
 def test_real_checkpoint_round_trip(mlflow_uri: str, run_id: str, tmp_path: Path) -> None:
     """A checkpoint written by arl_models serves the same actions through the registry."""
     import mlflow.pyfunc

@@ -6,7 +6,7 @@ import torch
 from arl_models import nets
 from tasks.train import stage_key
 
-STAGES = ("bc", "cql", "finetune", "ewc")
+STAGES = ("bc", "offline", "finetune", "ewc")
 SETTINGS = {"preset": "demo", "seed": 0, "steps": None}
 
 
@@ -29,7 +29,14 @@ def test_a_new_network_layout_retrains_every_cached_stage(monkeypatch: pytest.Mo
 
 
 def test_settings_and_upstream_are_part_of_the_key() -> None:
-    key = stage_key("cql", "0" * 32, SETTINGS, None)
-    assert stage_key("cql", "0" * 32, SETTINGS | {"seed": 1}, None) != key
-    assert stage_key("cql", "0" * 32, SETTINGS, "upstream") != key
-    assert stage_key("cql", "1" * 32, SETTINGS, None) != key
+    key = stage_key("offline", "0" * 32, SETTINGS, None)
+    assert stage_key("offline", "0" * 32, SETTINGS | {"seed": 1}, None) != key
+    assert stage_key("offline", "0" * 32, SETTINGS, "upstream") != key
+    assert stage_key("offline", "1" * 32, SETTINGS, None) != key
+
+
+def test_the_offline_algorithm_is_part_of_the_key() -> None:
+    default = stage_key("offline", "0" * 32, SETTINGS, None)
+    assert stage_key("offline", "0" * 32, SETTINGS | {"offline_algo": "cql"}, None) != default  # the choice is recorded
+    assert stage_key("offline", "0" * 32, SETTINGS | {"offline_algo": "td3bc"}, None) != stage_key(
+        "offline", "0" * 32, SETTINGS | {"offline_algo": "iql"}, None)

@@ -1,0 +1,109 @@
+"""The cost side shared by the offline actor-critics that are not SAC-based (TD3+BC, IQL).
+
+A cost critic ensemble ``Q_c`` learns the discounted cost from the ``cost`` column; a PID Lagrange
+multiplier (``lagrange.py``) holds ``Q_c(s0, pi(s0))`` over the dataset's episode starts to the limit
+``cost_q_limit`` (set from the episode budget by ``arl_models.offline.held_to_budget``). The networks
+keep SAC's names (``cost_critic``, ``cost_critic_target``), so fine-tuning starts from them as it does
+from CQL's.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from arl_models.algos.sac import td_loss
+from arl_models.lagrange import PIDConfig, PIDLagrangian
+from arl_models.nets import CONTEXT_LR_SCALE, EnsembleCritic, network_adam, soft_update
+from arl_models.replay import Batch
+
+
+@dataclass(frozen=True)
+class ActorCriticConfig:
+    """What TD3+BC and IQL share: networks, rates, discount, and the cost side."""
+
+    seed: int = 0
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer sizes of every network."""
+    context_dim: int = 0
+    """Trailing observation entries that FiLM-condition the networks (``SACConfig.context_dim``)."""
+    context_lr_scale: float = CONTEXT_LR_SCALE
+    n_critics: int = 2
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    """Polyak rate of the target networks."""
+    batch_size: int = 256
+    learn_cost: bool = True
+    """Learn a cost critic from the ``cost`` column."""
+    cost_q_limit: float | None = None
+    """Limit on ``Q_c(s0, pi(s0))``; ``None`` leaves the actor unconstrained."""
+    pid: PIDConfig = PIDConfig()
+
+START_SAMPLE = 256
+"""Episode starts drawn per step to measure the constrained value."""
+
+
+class CostSide:
+    """Cost critic, its target and optimiser, and the multiplier; owned by an algorithm."""
+
+    def __init__(
+        self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], n_critics: int, context_dim: int,
+        lr: float, context_lr_scale: float, pid: PIDConfig, device: torch.device,
+    ):
+        self.critic = EnsembleCritic(obs_dim, act_dim, hidden, n_critics, context_dim).to(device)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.opt = network_adam(self.critic, lr, context_lr_scale)
+        self.lagrangian = PIDLagrangian(pid)
+
+    def networks(self) -> dict[str, torch.nn.Module]:
+        return {"cost_critic": self.critic, "cost_critic_target": self.target}
+
+    def step(self, batch: Batch, next_value: torch.Tensor, gamma: float, tau: float) -> float:
+        """One TD step of ``Q_c`` towards ``c + gamma (1 - done) next_value`` (``next_value`` (B,), no
+        gradient, floored at 0: a cost's value is never negative); returns the loss."""
+        target = batch.cost + gamma * (1.0 - batch.done) * next_value.clamp(min=0.0)
+        loss = td_loss(self.critic(batch.obs, batch.act), target)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        soft_update(self.target, self.critic, tau)
+        return loss.item()
+
+    @torch.no_grad()
+    def measure(self, starts: torch.Tensor | None, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        """``Q_c(s, pi(s))`` averaged over a sample of episode starts (the batch's states without them)."""
+        if starts is not None:
+            obs = starts.index_select(0, torch.randint(0, starts.shape[0], (min(START_SAMPLE, starts.shape[0]),)))
+        return self.critic(obs, policy(obs)).mean().item()
+
+    def update_multiplier(self, measured: float, limit: float | None) -> dict[str, float]:
+        if limit is None:
+            return {"qc_constrained": measured}
+        self.lagrangian.update(measured, limit)
+        return {"qc_constrained": measured, "lagrange_multiplier": self.lagrangian.value}
+
+
+def extra_state(step: int, cost: CostSide | None) -> dict[str, float]:
+    """An algorithm's counters for ``train_state/``: its step and the multiplier's state."""
+    lag = cost.lagrangian.state() if cost else {}
+    return {"step": step, **{f"lagrangian.{k}": v for k, v in lag.items()}}
+
+
+def load_extra_state(s: dict[str, float], cost: CostSide | None) -> int:
+    """Restore what :func:`extra_state` wrote; returns the step."""
+    if cost:
+        cost.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
+    return int(s["step"])
+
+
+def copy_matching(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Load the entries of ``state`` whose names and shapes ``module`` shares; returns their names."""
+    own = module.state_dict()
+    shared = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    module.load_state_dict(shared, strict=False)
+    return sorted(shared)
