@@ -57,13 +57,13 @@ def tiny_dataset(tmp_path):
 def pendulum_datasets(tmp_path_factory):
     """Real safe-pendulum datasets from one behaviour SAC run (about 2 minutes on 2 cores).
 
-    Returns ``{quality: path}`` for expert and medium-replay; shared by every slow learning test.
+    Returns ``{quality: path}`` for expert, medium-replay and random; shared by every slow learning test.
     """
     from arl_models.data.generate import generate_dataset
 
     root = tmp_path_factory.mktemp("pendulum")
     out = {}
-    for quality in ("medium-replay", "expert"):
+    for quality in ("medium-replay", "expert", "random"):
         out[quality] = root / quality
         generate_dataset(
             "safe-pendulum", quality, out[quality], transitions=10_000, seed=0,
