@@ -53,6 +53,25 @@ def test_train_options_reach_the_config(tiny_dataset, tmp_path):
     assert config["conservative_weight"] == 20.0 and config["context_lr_scale"] == 30.0
 
 
+def test_train_td3bc_iql_and_the_offline_half(tiny_dataset, tmp_path):
+    res = runner.invoke(app, ["train", "td3bc", "--data", str(tiny_dataset), "--out", str(tmp_path / "t"), "--steps", "2",
+                              "--alpha", "1.5", "--no-constrained"])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "t" / "config.json").read_text())["config"]
+    assert config["alpha"] == 1.5 and config["cost_q_limit"] is None
+    res = runner.invoke(app, ["train", "iql", "--data", str(tiny_dataset), "--out", str(tmp_path / "i"), "--steps", "2",
+                              "--beta", "1.0"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "i" / "config.json").read_text())["config"]["beta"] == 1.0
+    res = runner.invoke(app, ["train", "offline", "--data", str(tiny_dataset), "--out", str(tmp_path / "o"),
+                              "--algo", "iql", "--bc-steps", "3", "--steps", "2"])
+    assert res.exit_code == 0, res.output
+    assert set(json.loads(res.stdout)) == {"bc", "iql"}
+    assert json.loads((tmp_path / "o" / "iql" / "config.json").read_text())["init_actor"]["path"] == str(tmp_path / "o" / "bc")
+    res = runner.invoke(app, ["train", "offline", "--data", str(tiny_dataset), "--out", str(tmp_path / "x"), "--algo", "awac"])
+    assert res.exit_code == 2 and "unknown offline algorithm 'awac'" in res.output
+
+
 def test_bad_dataset_gives_a_clear_error(tmp_path):
     res = runner.invoke(app, ["train", "cql", "--data", str(tmp_path), "--out", str(tmp_path / "x")])
     assert res.exit_code == 2
