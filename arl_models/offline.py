@@ -229,7 +229,7 @@ def train_offline_algo(
     extra: dict[str, Any] = {}
     if init_actor is not None:
         extra["init_actor"] = warm_start_from_bc(learner, init_actor)
-    return _run(learner, data, out, steps or p.offline_steps, sink, progress, preset, t, info, extra, eval_episodes, prioritized)
+    return _run(learner, data, out, steps or p.offline_steps_of(algo), sink, progress, preset, t, info, extra, eval_episodes, prioritized)
 
 
 def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:

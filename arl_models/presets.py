@@ -33,8 +33,9 @@ class Preset:
     iql: IQLConfig
     offline_algo: str
     """Stage 2's algorithm: ``cql``, ``td3bc`` or ``iql`` (benchmarks/README.md, "Offline algorithms")."""
-    offline_steps: int
-    """Gradient steps of stage 2, whichever algorithm runs it."""
+    offline_steps: dict[str, int]
+    """Gradient steps of stage 2 by algorithm: a CQL step costs several of TD3+BC's or IQL's (it evaluates
+    the critics on ``1 + 3N`` action sets), so each gets the budget the preset affords it."""
     finetune_steps: int
     """Environment steps of constrained online fine-tuning (stage 3)."""
     continual_steps: int
@@ -47,6 +48,12 @@ class Preset:
     def with_seed(self, seed: int) -> Preset:
         return replace(self, bc=replace(self.bc, seed=seed), cql=replace(self.cql, seed=seed),
                        td3bc=replace(self.td3bc, seed=seed), iql=replace(self.iql, seed=seed))
+
+    def offline_steps_of(self, algo: str | None = None) -> int:
+        """Stage 2's gradient steps for ``algo`` (default: :attr:`offline_algo`)."""
+        algo = algo or self.offline_algo
+        self.offline_config(algo)  # names the choices when ``algo`` is unknown
+        return self.offline_steps[algo]
 
     def offline_config(self, algo: str | None = None) -> Any:
         """The config of offline algorithm ``algo`` (default: :attr:`offline_algo`)."""
@@ -64,8 +71,8 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(64, 64), batch_size=256, n_action_samples=10, actor_lr=3e-4, temp_lr=3e-4),
         td3bc=TD3BCConfig(hidden=(64, 64), batch_size=256),
         iql=IQLConfig(hidden=(64, 64), batch_size=256),
-        offline_algo="cql",
-        offline_steps=5_000,
+        offline_algo="iql",
+        offline_steps={"cql": 5_000, "td3bc": 30_000, "iql": 30_000},
         finetune_steps=6_400,
         continual_steps=2_000,
         log_every=250,
@@ -82,8 +89,8 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(256, 256), batch_size=256),
         td3bc=TD3BCConfig(hidden=(256, 256), batch_size=256),
         iql=IQLConfig(hidden=(256, 256), batch_size=256),
-        offline_algo="cql",
-        offline_steps=500_000,
+        offline_algo="iql",
+        offline_steps={"cql": 500_000, "td3bc": 1_000_000, "iql": 1_000_000},
         finetune_steps=250_000,
         continual_steps=100_000,
         log_every=1_000,

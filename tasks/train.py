@@ -57,7 +57,7 @@ def library_config(stage: str, preset: str, algo: str | None = None) -> dict[str
         from arl_models.continual import ContinualConfig
 
         return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
-    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.offline_config(algo), p.offline_steps)
+    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.offline_config(algo), p.offline_steps_of(algo))
     # the conditioning follows the dataset's task (arl_models.offline.conditioning); the run is tagged with it
     return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps}
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from flow_data import GATE, TINY
 
+from arl_models.presets import get_preset
 from flows.offline_to_online import offline_to_online_flow
 from flows.params import DatasetRef, GateConfig, TrainingConfig
 from tasks import registry, tracking
@@ -55,14 +56,16 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert validate.tags["arl.validation.reused"] == "true" and validate.metrics["validate/expectations"] > 0
     finetune = stages["finetune"]
     assert {"online/lagrange_multiplier", "online/cumulative_cost"} <= set(finetune.data.metrics)
-    cql = stages["offline"]
-    assert {"train/loss_critic", "train/lagrange_multiplier", "train/q_data"} <= set(cql.data.metrics)
-    assert len(c.get_metric_history(cql.info.run_id, "train/loss_critic")) >= 1
-    plots = {a.path for a in c.list_artifacts(cql.info.run_id, "plots")}
+    offline = stages["offline"]
+    assert {"train/loss_critic", "train/lagrange_multiplier", "train/q_data"} <= set(offline.data.metrics)
+    assert len(c.get_metric_history(offline.info.run_id, "train/loss_critic")) >= 1
+    plots = {a.path for a in c.list_artifacts(offline.info.run_id, "plots")}
     assert plots == {"plots/learning_curve.png", "plots/cost_curve.png"}
-    assert cql.data.params["seed"] == "0" and cql.data.params["algo.conservative_weight"]
+    # stage 2 ran the preset's algorithm, and its run names it with its settings
+    assert offline.data.tags["arl.algo"] == get_preset("demo").offline_algo
+    assert offline.data.params["seed"] == "0" and offline.data.params["algo.hidden"]
     # 1.0.0 observes no plant: the trained networks are unconditioned, and the run says so
-    assert cql.data.params["algo.context_dim"] == "task" and cql.data.tags["arl.context_dim"] == "0"
+    assert offline.data.params["algo.context_dim"] == "task" and offline.data.tags["arl.context_dim"] == "0"
 
     # the registry: every stage's policy, with its trace tags, loadable for inference
     mv = c.get_model_version(MODEL, champion)
