@@ -67,7 +67,7 @@ PRESETS: dict[str, Preset] = {
     "demo": Preset(
         name="demo",
         bc=BCConfig(hidden=(64, 64), batch_size=256, lr=1e-3),
-        bc_steps=2_000,
+        bc_steps=10_000,
         cql=CQLConfig(hidden=(64, 64), batch_size=256, n_action_samples=10, actor_lr=3e-4, temp_lr=3e-4),
         td3bc=TD3BCConfig(hidden=(64, 64), batch_size=256),
         iql=IQLConfig(hidden=(64, 64), batch_size=256),
