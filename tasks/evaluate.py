@@ -133,12 +133,13 @@ def _rescorer(
         from arl_models.offline import evaluate_checkpoint, record_references
         from tasks.continual import _local_checkpoint
 
-        env = read_config(scored_as["policy"])["env"]
+        record = read_config(scored_as["policy"])
+        env = record["env"]
         mv = tracking.client(tracking_uri).get_model_version(model_name, version)
         ckpt = handed_over(_local_checkpoint(model_name, mv, Path(scored_as["runs_dir"]), tracking_uri))
         res = evaluate_checkpoint(
             ckpt, f"{env['task']}@{env['env_version']}", scored_as["episodes"], scored_as["seed"],
-            ref_scores=record_references(read_config(scored_as["policy"])),
+            ref_scores=record_references(record),
         )
         score = res.normalized_score if res.normalized_score is not None else res.mean_return
         return {"score": float(score), "references": candidate.get("references")}

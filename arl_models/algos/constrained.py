@@ -13,11 +13,12 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from arl_models.algos.sac import td_loss
 from arl_models.lagrange import PIDConfig, PIDLagrangian
-from arl_models.nets import CONTEXT_LR_SCALE, EnsembleCritic, network_adam, soft_update
+from arl_models.nets import CONTEXT_LR_SCALE, EnsembleCritic, TanhGaussianActor, network_adam, soft_update
 from arl_models.replay import Batch
 
 
@@ -88,17 +89,30 @@ class CostSide:
         return {"qc_constrained": measured, "lagrange_multiplier": self.lagrangian.value}
 
 
-def extra_state(step: int, cost: CostSide | None) -> dict[str, float]:
-    """An algorithm's counters for ``train_state/``: its step and the multiplier's state."""
-    lag = cost.lagrangian.state() if cost else {}
-    return {"step": step, **{f"lagrangian.{k}": v for k, v in lag.items()}}
+class OfflineActorCritic:
+    """What TD3+BC and IQL share around their updates: acting, and the counters ``train_state/`` keeps."""
 
+    actor: TanhGaussianActor
+    cost: CostSide | None
+    device: torch.device
+    step: int
 
-def load_extra_state(s: dict[str, float], cost: CostSide | None) -> int:
-    """Restore what :func:`extra_state` wrote; returns the step."""
-    if cost:
-        cost.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
-    return int(s["step"])
+    def parameters(self) -> dict[str, torch.nn.Parameter]:
+        return {}
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        o = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        return self.actor.act(o, deterministic).cpu().numpy()
+
+    def extra_state(self) -> dict[str, float]:
+        lag = self.cost.lagrangian.state() if self.cost else {}
+        return {"step": self.step, **{f"lagrangian.{k}": v for k, v in lag.items()}}
+
+    def load_extra_state(self, s: dict[str, float]) -> None:
+        if self.cost:
+            self.cost.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
+        self.step = int(s["step"])
 
 
 def copy_matching(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:

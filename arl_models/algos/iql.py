@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -26,9 +25,8 @@ from arl_models.algos.bc import clipped_gaussian_log_prob
 from arl_models.algos.constrained import (
     ActorCriticConfig,
     CostSide,
+    OfflineActorCritic,
     copy_matching,
-    extra_state,
-    load_extra_state,
 )
 from arl_models.algos.sac import td_loss
 from arl_models.nets import EnsembleCritic, TanhGaussianActor, network_adam, soft_update
@@ -62,7 +60,7 @@ def state_value(v: EnsembleCritic, obs: torch.Tensor) -> torch.Tensor:
     return v(obs, obs[:, :0])[0]  # (B,)
 
 
-class IQL:
+class IQL(OfflineActorCritic):
     name = "iql"
     config_cls = IQLConfig
 
@@ -100,9 +98,6 @@ class IQL:
         if self.cost is not None:
             opts |= {"cost_critic": self.cost.opt, "cost_value": self.cost_value_opt}
         return opts
-
-    def parameters(self) -> dict[str, nn.Parameter]:
-        return {}
 
     def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
         """Start the actor from a BC actor's matching weights; returns the keys copied."""
@@ -143,14 +138,3 @@ class IQL:
             m |= self.cost.update_multiplier(measured, cfg.cost_q_limit)
         self.step += 1
         return m | {"q_data": q_data.mean().item(), "adv_weight": weights.mean().item()}
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        o = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.actor.act(o, deterministic).cpu().numpy()
-
-    def extra_state(self) -> dict[str, float]:
-        return extra_state(self.step, self.cost)
-
-    def load_extra_state(self, s: dict[str, float]) -> None:
-        self.step = load_extra_state(s, self.cost)

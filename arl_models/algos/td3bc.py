@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -27,9 +26,8 @@ from arl_models.algos.bc import clipped_gaussian_log_prob
 from arl_models.algos.constrained import (
     ActorCriticConfig,
     CostSide,
+    OfflineActorCritic,
     copy_matching,
-    extra_state,
-    load_extra_state,
 )
 from arl_models.algos.sac import _frozen, td_loss
 from arl_models.nets import EnsembleCritic, TanhGaussianActor, network_adam, soft_update
@@ -47,19 +45,6 @@ class TD3BCConfig(ActorCriticConfig):
     """Critic steps per actor (and target) step."""
 
 
-@dataclass(frozen=True)
-class TD3BCLosses:
-    critic: torch.Tensor
-    actor: torch.Tensor | None
-    bc: torch.Tensor | None
-
-    def metrics(self) -> dict[str, float]:
-        out = {"loss_critic": self.critic.item()}
-        if self.actor is not None and self.bc is not None:
-            out |= {"loss_actor": self.actor.item(), "loss_bc": self.bc.item()}
-        return out
-
-
 def smoothed_target_action(actor: TanhGaussianActor, next_obs: torch.Tensor, noise: float, clip: float) -> torch.Tensor:
     """TD3's target action: the target policy's mean plus clipped Gaussian noise, within [-1, 1]."""
     mean = actor.act(next_obs, True)
@@ -67,7 +52,7 @@ def smoothed_target_action(actor: TanhGaussianActor, next_obs: torch.Tensor, noi
     return (mean + eps).clamp(-1.0, 1.0)
 
 
-class TD3BC:
+class TD3BC(OfflineActorCritic):
     name = "td3bc"
     config_cls = TD3BCConfig
 
@@ -100,9 +85,6 @@ class TD3BC:
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         opts: dict[str, torch.optim.Optimizer] = {"actor": self.actor_opt, "critic": self.critic_opt}
         return opts | ({"cost_critic": self.cost.opt} if self.cost else {})
-
-    def parameters(self) -> dict[str, nn.Parameter]:
-        return {}
 
     def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
         """Start actor and target actor from a BC actor's matching weights; returns the keys copied."""
@@ -158,14 +140,3 @@ class TD3BC:
                 measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
                 metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(measured, self.cfg.cost_q_limit)
         return metrics
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        o = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.actor.act(o, deterministic).cpu().numpy()
-
-    def extra_state(self) -> dict[str, float]:
-        return extra_state(self.step, self.cost)
-
-    def load_extra_state(self, s: dict[str, float]) -> None:
-        self.step = load_extra_state(s, self.cost)
