@@ -165,20 +165,16 @@ def promote_policy(
     ``scored_as``: how the candidate was scored (``policy``, ``episodes``, ``seed``, ``runs_dir``), so that a
     champion scored against other references is scored again the same way before the two are compared."""
     logger = get_run_logger()
-    current = registry.alias_version(model_name, registry.CHAMPION, tracking_uri=tracking_uri)
-    if current == version:
-        decision = registry.Decision(True, f"version {version} is already the champion")
-    else:
-        decision = registry.promote(
-            model_name,
-            version,
-            candidate,
-            tolerance=tolerance,
-            cost_budget=cost_budget,
-            max_forgetting=max_forgetting,
-            tracking_uri=tracking_uri,
-            rescore=_rescorer(model_name, candidate, scored_as, tracking_uri) if scored_as else None,
-        )
+    decision = registry.promote(
+        model_name,
+        version,
+        candidate,
+        tolerance=tolerance,
+        cost_budget=cost_budget,
+        max_forgetting=max_forgetting,
+        tracking_uri=tracking_uri,
+        rescore=_rescorer(model_name, candidate, scored_as, tracking_uri) if scored_as else None,
+    )
     alias = registry.CHAMPION if decision.promote else registry.CHALLENGER
     c = tracking.client(tracking_uri)
     for k, v in {
@@ -196,5 +192,5 @@ def promote_policy(
         "alias": alias,
         "promoted": decision.promote,
         "reason": decision.reason,
-        "previous_champion": current,
+        "previous_champion": decision.previous_champion,
     }

@@ -3,15 +3,17 @@
 :func:`register_policy` turns a policy checkpoint directory into a registered model version (a pyfunc
 built from code, so nothing is pickled), tagged with everything needed to trace it: stage, dataset hash,
 env version, behaviour-policy hash, seed, git commit. :func:`promotion_decision` is the gate, a pure
-function; :func:`promote` applies it in the registry: the version becomes ``champion`` or ``challenger``,
-and the reason is recorded as a tag either way.
+function; :func:`promote` applies it in the registry under :func:`gate_lock` (one promotion per model at
+a time, across processes and deployments): the version becomes ``champion`` or ``challenger``, and the
+reason is recorded as a tag either way.
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,17 @@ SCORE, MEAN_COST, FORGETTING, VALIDATED = "score", "mean_cost", "forgetting", "d
 REFERENCES = "references"
 """The (random, expert) returns a score is normalised with, as text (``"none"``: a raw return)."""
 _METRIC_TAG = "arl.gate."
+GATE_LOCK_TIMEOUT_S = 600.0
+"""How long a gate waits for another promotion of the same model to finish before it fails."""
+GATE_LOCK_LEASE_S = 60.0
+"""The lock's lease, renewed while it is held: a gate killed while holding it frees it after this long."""
 
 
 @dataclass(frozen=True)
 class Decision:
     promote: bool
     reason: str
+    previous_champion: str | None = None
 
 
 def _finite(x: Any) -> bool:
@@ -43,6 +50,7 @@ def promotion_decision(
     tolerance: float,
     cost_budget: float,
     max_forgetting: float,
+    lineage_best: tuple[str, float] | None = None,
 ) -> Decision:
     """Should ``candidate`` replace ``champion``? Every failing condition is named in the reason.
 
@@ -50,9 +58,12 @@ def promotion_decision(
     (mean episode cost), ``forgetting`` (score lost on earlier data/env versions; absent or None when
     there are none) and ``data_validated``. The candidate must: come from validated data; have a finite
     score; keep mean cost within ``cost_budget``; forget at most ``max_forgetting``; and score at least
-    ``champion.score - tolerance`` (it may trail the champion by no more than evaluation noise). Scores
-    are compared only when both were computed against the same ``references``; otherwise the candidate
-    is refused with the two named, since a raw return against a normalised score means nothing.
+    ``champion.score - tolerance`` (it may trail the champion by no more than evaluation noise) and
+    at least ``lineage_best - tolerance``, the best score of any earlier champion against the same
+    references (``(version, score)``), so that promotions within tolerance cannot ratchet the champion
+    down step by step. A champion without a finite score stops promotion: nothing is compared with it.
+    Scores are compared only when both were computed against the same ``references``; otherwise the
+    candidate is refused with the two named, since a raw return against a normalised score means nothing.
     """
     if tolerance < 0 or max_forgetting < 0:
         raise ValueError("tolerance and max_forgetting must be >= 0")
@@ -71,21 +82,40 @@ def promotion_decision(
         problems.append(f"forgetting {forgetting!r} is not a finite number")
     elif forgetting is not None and forgetting > max_forgetting:
         problems.append(f"forgetting {forgetting:.4g} exceeds bound {max_forgetting:.4g}")
-    best = champion.get(SCORE) if champion is not None else None
-    refs = (candidate.get(REFERENCES), champion.get(REFERENCES) if champion is not None else None)
-    comparable = champion is None or not _finite(best) or refs[0] == refs[1]
-    if not comparable:
-        problems.append(f"score computed against references {refs[0]!r}, the champion's against {refs[1]!r}: "
-                        "not comparable")
-    elif champion is not None and _finite(score) and _finite(best) and score < best - tolerance:
-        problems.append(f"score {score:.4g} below champion {best:.4g} minus tolerance {tolerance:.4g}")
+    problems += _against_champions(candidate, champion, lineage_best, tolerance)
     if problems:
         return Decision(False, "; ".join(problems))
-    if champion is None or not _finite(best):
-        return Decision(True, f"no comparable champion; score {score:.4g}, mean cost {cost:.4g}")
+    if champion is None:
+        return Decision(True, f"no champion yet; score {score:.4g}, mean cost {cost:.4g}")
+    best = champion[SCORE]
+    bar = f" and the lineage's best {lineage_best[1]:.4g} (v{lineage_best[0]})" if lineage_best else ""
     return Decision(
-        True, f"score {score:.4g} vs champion {best:.4g} (tolerance {tolerance:.4g}), mean cost {cost:.4g}"
+        True, f"score {score:.4g} vs champion {best:.4g}{bar} (tolerance {tolerance:.4g}), mean cost {cost:.4g}"
     )
+
+
+def _against_champions(
+    candidate: Mapping[str, Any], champion: Mapping[str, Any] | None, lineage_best: tuple[str, float] | None,
+    tolerance: float,
+) -> list[str]:
+    """What stops ``candidate`` when it is compared with the champion and the lineage's best."""
+    if champion is None:
+        return []
+    score, best = candidate.get(SCORE), champion.get(SCORE)
+    if not _finite(best):
+        return [f"the champion's score {best!r} is not a finite number: promotion stops until it is scored"]
+    refs = (candidate.get(REFERENCES), champion.get(REFERENCES))
+    if refs[0] != refs[1]:
+        return [f"score computed against references {refs[0]!r}, the champion's against {refs[1]!r}: "
+                "not comparable"]
+    if not _finite(score):
+        return []
+    if score < best - tolerance:
+        return [f"score {score:.4g} below champion {best:.4g} minus tolerance {tolerance:.4g}"]
+    if lineage_best is not None and score < lineage_best[1] - tolerance:
+        return [f"score {score:.4g} below the lineage's best champion {lineage_best[1]:.4g} "
+                f"(v{lineage_best[0]}) minus tolerance {tolerance:.4g}"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -143,7 +173,10 @@ def alias_version(model_name: str, alias: str, *, tracking_uri: str | None = Non
 
 def gate_metrics(model_name: str, version: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """The gate metrics recorded on a version by :func:`promote` (empty when never gated)."""
-    tags = client(tracking_uri).get_model_version(model_name, version).tags
+    return _gate_metrics(client(tracking_uri).get_model_version(model_name, version).tags)
+
+
+def _gate_metrics(tags: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in (SCORE, MEAN_COST, FORGETTING):
         if f"{_METRIC_TAG}{key}" in tags:
@@ -153,6 +186,36 @@ def gate_metrics(model_name: str, version: str, *, tracking_uri: str | None = No
     if f"{_METRIC_TAG}{REFERENCES}" in tags:
         out[REFERENCES] = tags[f"{_METRIC_TAG}{REFERENCES}"]
     return out
+
+
+@contextmanager
+def gate_lock(model_name: str, timeout_s: float = GATE_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the gate of ``model_name``: a Prefect global concurrency limit of one slot, ``arl-gate-<model>``,
+    shared by every process and deployment that talks to the same Prefect API. Raises TimeoutError
+    when another gate holds it longer than ``timeout_s``."""
+    from prefect import get_client
+    from prefect.concurrency.sync import concurrency
+
+    name = f"arl-gate-{model_name}"
+    with get_client(sync_client=True) as prefect:
+        prefect.upsert_global_concurrency_limit_by_name(name, 1)
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=GATE_LOCK_LEASE_S, strict=True):
+        yield
+
+
+def lineage_best(
+    model_name: str, references: Any, *, tracking_uri: str | None = None
+) -> tuple[str, float] | None:
+    """``(version, score)`` of the best-scoring version ever made champion of ``model_name`` whose score was
+    computed against ``references``; None when there is none."""
+    best: tuple[str, float] | None = None
+    for mv in client(tracking_uri).search_model_versions(f"name = '{model_name}'"):
+        if mv.tags.get("arl.promotion") != CHAMPION:
+            continue
+        m = _gate_metrics(mv.tags)
+        if m.get(REFERENCES) == references and _finite(m.get(SCORE)) and (best is None or m[SCORE] > best[1]):
+            best = (str(mv.version), float(m[SCORE]))
+    return best
 
 
 def promote(
@@ -166,27 +229,52 @@ def promote(
     tracking_uri: str | None = None,
     rescore: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> Decision:
-    """Gate ``version`` against the current champion; set alias ``champion`` or ``challenger``; tag the reason.
+    """Gate ``version`` against the current champion and the lineage's best; set alias ``champion`` or
+    ``challenger``; tag the reason. Reading the champion, deciding and moving the alias happen under
+    :func:`gate_lock`, so two gates at once cannot both replace the champion they read.
 
     ``rescore(champion_version)``, where given, scores the champion the way the candidate was scored (its
     task version, references, episodes and seed): the gate then compares the two on that one scale when
-    their recorded scores were computed against different references (another data version's, say)."""
+    the champion's recorded score was computed against other references (another data version's, say)
+    or is missing."""
+    with gate_lock(model_name):
+        current = alias_version(model_name, CHAMPION, tracking_uri=tracking_uri)
+        if current == version:
+            return Decision(True, f"version {version} is already the champion", current)
+        champion, note = _champion(model_name, current, candidate, rescore, tracking_uri)
+        decision = promotion_decision(
+            candidate, champion, tolerance=tolerance, cost_budget=cost_budget, max_forgetting=max_forgetting,
+            lineage_best=lineage_best(model_name, candidate.get(REFERENCES), tracking_uri=tracking_uri),
+        )
+        decision = Decision(decision.promote, decision.reason + note, current)
+        _record(model_name, version, candidate, decision, tracking_uri)
+        return decision
+
+
+def _champion(
+    model_name: str, current: str | None, candidate: Mapping[str, Any],
+    rescore: Callable[[str], Mapping[str, Any]] | None, tracking_uri: str | None,
+) -> tuple[dict[str, Any] | None, str]:
+    """The champion's gate metrics, re-scored on the candidate's scale where needed, and a note saying so."""
+    if current is None:
+        return None, ""
+    champion = gate_metrics(model_name, current, tracking_uri=tracking_uri)
+    unscored = not _finite(champion.get(SCORE))
+    if rescore is None or (champion.get(REFERENCES) == candidate.get(REFERENCES) and not unscored):
+        return champion, ""
+    try:
+        again = rescore(current)
+    except (OSError, KeyError, ValueError, RuntimeError) as e:  # the champion cannot act on this version
+        return champion, f" (the champion could not be re-scored on the candidate's scale: {e})"
+    note = f" (champion re-scored on the candidate's task version and references: {again[SCORE]:.4g})"
+    return {**champion, **again}, note
+
+
+def _record(
+    model_name: str, version: str, candidate: Mapping[str, Any], decision: Decision, tracking_uri: str | None
+) -> None:
+    """Tag ``version`` with its gate metrics and the decision, and move the alias it earned."""
     c = client(tracking_uri)
-    current = alias_version(model_name, CHAMPION, tracking_uri=tracking_uri)
-    champion = gate_metrics(model_name, current, tracking_uri=tracking_uri) if current else None
-    note = ""
-    if current and champion and rescore is not None and champion.get(REFERENCES) != candidate.get(REFERENCES):
-        try:
-            again = rescore(current)
-        except (OSError, KeyError, ValueError, RuntimeError) as e:  # the champion cannot act on this version
-            note = f" (the champion could not be re-scored on the candidate's scale: {e})"
-        else:
-            champion = {**champion, **again}
-            note = f" (champion re-scored on the candidate's task version and references: {again[SCORE]:.4g})"
-    decision = promotion_decision(
-        candidate, champion, tolerance=tolerance, cost_budget=cost_budget, max_forgetting=max_forgetting
-    )
-    decision = Decision(decision.promote, decision.reason + note)
     for key in (SCORE, MEAN_COST, FORGETTING):
         if candidate.get(key) is not None:
             c.set_model_version_tag(model_name, version, f"{_METRIC_TAG}{key}", str(float(candidate[key])))
@@ -199,6 +287,5 @@ def promote(
     c.set_registered_model_alias(model_name, alias, version)
     c.set_model_version_tag(model_name, version, "arl.promotion", alias)
     c.set_model_version_tag(model_name, version, "arl.promotion.reason", decision.reason)
-    if decision.promote and current:
-        c.set_model_version_tag(model_name, current, "arl.promotion.replaced_by", version)
-    return decision
+    if decision.promote and decision.previous_champion:
+        c.set_model_version_tag(model_name, decision.previous_champion, "arl.promotion.replaced_by", version)

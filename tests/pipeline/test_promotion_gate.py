@@ -47,12 +47,21 @@ def test_boundaries_are_inclusive() -> None:
 
 def test_first_policy_is_promoted_and_reason_says_why() -> None:
     d = promotion_decision({"data_validated": True, "score": 10.0, "mean_cost": 0.0}, None, **GATE)
-    assert d.promote and "no comparable champion" in d.reason
+    assert d.promote and "no champion yet" in d.reason
 
 
-def test_champion_without_score_does_not_block() -> None:
-    d = promotion_decision({"data_validated": True, "score": 10.0, "mean_cost": 0.0}, {}, **GATE)
-    assert d.promote
+@pytest.mark.parametrize("champion", [{}, {"score": math.nan}, {"score": math.inf}])
+def test_a_champion_without_a_finite_score_stops_promotion(champion: dict) -> None:
+    d = promotion_decision({"data_validated": True, "score": 10.0, "mean_cost": 0.0}, champion, **GATE)
+    assert not d.promote and "champion's score" in d.reason and "not a finite number" in d.reason
+
+
+def test_the_lineage_best_bounds_the_slide() -> None:
+    """Six promotions within tolerance of the one before would slide 90 to 84; the lineage's best stops it."""
+    ok = {"data_validated": True, "mean_cost": 0.0}
+    assert promotion_decision({**ok, "score": 89.0}, {"score": 90.0}, **GATE, lineage_best=("1", 90.0)).promote
+    d = promotion_decision({**ok, "score": 88.5}, {"score": 89.0}, **GATE, lineage_best=("1", 90.0))
+    assert not d.promote and "lineage's best champion 90 (v1)" in d.reason
 
 
 def test_all_reasons_are_listed() -> None:
