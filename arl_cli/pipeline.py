@@ -215,8 +215,14 @@ def push_cmd(
 ) -> None:
     """Version a dataset with DVC, push it to the remote and announce it (event ``arl.dataset.pushed``)."""
     _environment()
+    from tasks.data import UnsafeDatasetPath, check_dataset_path
     from tasks.versioning import ensure_repo
 
+    try:
+        check_dataset_path(name or path.resolve().name)
+    except UnsafeDatasetPath as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
     if validate:
         validate_cmd(path)
     paths = _paths()
@@ -246,18 +252,18 @@ def push_dataset(
     """Copy ``path`` into the data repo (unless it is there), version, push, announce; returns the version."""
     import shutil
 
-    from tasks.data import has_remote, mark_announced
+    from arl_models.data.dataset import staged_dir
+    from tasks.data import dataset_dir, has_remote, mark_announced
     from tasks.versioning import emit_dataset_pushed, version_dataset
 
     path = path.resolve()
-    try:
-        path.relative_to(repo_dir)
-        dest = path
-    except ValueError:
-        dest = repo_dir / (name or path.name)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(path, dest)
+    if path.is_relative_to(repo_dir) and name is None:
+        dest = dataset_dir(repo_dir, str(path.relative_to(repo_dir)))
+    else:
+        dest = dataset_dir(repo_dir, name or path.name)
+        if dest != path:
+            with staged_dir(dest) as tmp:
+                shutil.copytree(path, tmp, dirs_exist_ok=True)
     if remote is None and not has_remote(repo_dir):
         remote = _paths().dvc_remote
     version = version_dataset(dest, repo_dir, remote=remote, endpoint_url=endpoint_url)

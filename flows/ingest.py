@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from flows.params import DEFAULT_SOURCE, IngestSource
 from tasks.data import (
     dataset_dir,
+    flow_data_repo,
     generate_dataset_task,
     has_remote,
     import_dataset_task,
@@ -20,7 +21,6 @@ from tasks.data import (
 )
 from tasks.settings import state_paths
 from tasks.validate import validate_dataset
-from tasks.versioning import ensure_repo
 
 
 @flow(name="ingest", log_prints=True)
@@ -39,7 +39,7 @@ def ingest_flow(
     """
     logger = get_run_logger()
     paths = state_paths()
-    repo_dir = ensure_repo(repo or paths.data_repo)
+    repo_dir = flow_data_repo(repo, paths.data_repo)
     name = source.dataset_name()
     out = dataset_dir(repo_dir, name)
     if out.exists() and not overwrite:

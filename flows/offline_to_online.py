@@ -22,7 +22,7 @@ from flows.params import (
     TrainingConfig,
 )
 from tasks.continual import earlier_versions
-from tasks.data import pull_dataset_task
+from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
 from tasks.runs import finish_pipeline_run, start_pipeline_run, validate_in_run
 from tasks.settings import artifact_location, git_commit, state_paths
@@ -69,7 +69,7 @@ def offline_to_online_flow(
     logger = get_run_logger()
     paths = state_paths()
     uri = paths.mlflow_uri
-    data = pull_dataset_task(dataset.repo or str(paths.data_repo), dataset.path, dataset.version)
+    data = pull_dataset_task(str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version)
     task_name = data["task"]
     model_name = gate.model_name or f"arl-{task_name}"
     commit = git_commit()
@@ -109,7 +109,7 @@ def offline_to_online_flow(
             stages.append(stage("finetune", 3, init_from=stages[-1]))
         if training.continual_steps != 0:
             failed_stage = "ewc"
-            repo = dataset.repo or str(paths.data_repo)
+            repo = data["repo"]
             start = earlier_versions(model_name, data, repo, runs, uri)
             if start is not None:
                 extra = {"previous": start["previous"], "forgetting_episodes": gate.eval_episodes}

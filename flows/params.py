@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from tasks.data import check_dataset_path
 
 
 class DatasetRef(BaseModel):
@@ -24,6 +26,8 @@ class DatasetRef(BaseModel):
     repo: str | None = Field(
         None, description="Data repository (git + DVC); empty: ARL_DATA_REPO or .arl/data."
     )
+
+    _safe_path = field_validator("path")(check_dataset_path)
 
 
 class TrainingConfig(BaseModel):
@@ -143,6 +147,11 @@ class IngestSource(BaseModel):
         None, description="import format (empty: guessed)."
     )
     name: str | None = Field(None, description="Dataset name in the data repo (empty: <task>-<quality>).")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str | None) -> str | None:
+        return None if name is None else check_dataset_path(name)
 
     def dataset_name(self) -> str:
         if self.name:

@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 
 from flows.offline_to_online import offline_to_online_flow
 from flows.params import DEFAULT_GATE, DEFAULT_TRAINING, DatasetRef, GateConfig, TrainingConfig
-from tasks.data import pull_dataset_task
+from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.settings import state_paths
 
 
@@ -37,7 +37,7 @@ def retrain_on_new_data_flow(
     paths = state_paths()
     if not dataset.version:
         logger.warning("no version given: training on the latest committed version of %s", dataset.path)
-    data = pull_dataset_task(dataset.repo or str(paths.data_repo), dataset.path, dataset.version)
+    data = pull_dataset_task(str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version)
     model_name = gate.model_name or f"arl-{data['task']}"
     earlier = _champion_dataset(model_name, paths.mlflow_uri)
     logger.info(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger, task
 
-from tasks.data import announced, current_versions, mark_announced
+from tasks.data import announced, current_versions, flow_data_repo, mark_announced
 from tasks.settings import state_paths
-from tasks.versioning import DataVersion, _git, emit_dataset_pushed, ensure_repo
+from tasks.versioning import DataVersion, _git, emit_dataset_pushed
 
 
 @task(name="announce_new_versions", retries=2, retry_delay_seconds=5)
@@ -37,7 +37,7 @@ def announce_new_versions(repo_dir: str, remote: str) -> list[dict[str, str]]:
 @flow(name="dataset-watcher", log_prints=True)
 def dataset_watcher_flow(repo: str | None = None, git_pull: bool = False) -> list[dict[str, str]]:
     """Emit ``arl.dataset.pushed`` for each new ``.dvc`` hash at the data repo's HEAD (``git pull`` first if asked)."""
-    repo_dir = ensure_repo(repo or state_paths().data_repo)
+    repo_dir = flow_data_repo(repo, state_paths().data_repo)
     if git_pull:
         _git(repo_dir, "pull", "--ff-only", "-q")
     from tasks.data import _remote_url

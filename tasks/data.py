@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,48 @@ LEDGER = Path(".dvc") / "tmp" / "arl-announced.json"
 """Per data repo: the hashes already announced (or trained on), so the watcher announces each once."""
 
 
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class UnsafeDatasetPath(ValueError):
+    """A dataset name or path that is not a plain relative path inside the data repository."""
+
+
+def check_dataset_path(path: str) -> str:
+    """``path`` when it names a dataset inside a data repository, else :class:`UnsafeDatasetPath`.
+
+    A dataset path is one or more names joined by ``/``; a name is letters, digits, ``.``, ``_`` and ``-``,
+    starts with a letter or digit and does not end in ``.dvc`` (so ``..``, ``.git``, ``.dvc``, absolute
+    paths and empty parts are refused)."""
+    parts = path.split("/") if isinstance(path, str) else [repr(path)]
+    bad = [p for p in parts if not _PART.fullmatch(p) or p.endswith(".dvc")]
+    if bad:
+        raise UnsafeDatasetPath(
+            f"dataset name {path!r}: {bad[0]!r} is not allowed; a dataset name is letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit (parts of a path joined by '/')"
+        )
+    return path
+
+
 def dataset_dir(repo_dir: str | Path, name: str) -> Path:
-    return Path(repo_dir).resolve() / name
+    """Where dataset ``name`` lives in the data repository; refused when it would resolve outside it."""
+    root = Path(repo_dir).resolve()
+    out = (root / check_dataset_path(name)).resolve()
+    if not out.is_relative_to(root) or out == root:
+        raise UnsafeDatasetPath(f"dataset name {name!r} resolves to {out}, outside the data repository {root}")
+    return out
+
+
+def flow_data_repo(repo: str | None, default: Path) -> Path:
+    """The data repository a flow works in: ``default`` (the configured one, created when missing), or
+    ``repo``, which must already be a git checkout with DVC initialised: a flow parameter never turns a
+    directory into a data repository, so it cannot make a flow write outside one."""
+    if repo is None:
+        return ensure_repo(default)
+    root = Path(repo).resolve()
+    if not ((root / ".git").is_dir() and (root / ".dvc").is_dir()):
+        raise UnsafeDatasetPath(f"repo {repo!r} is not a data repository (no .git/ and .dvc/ in {root})")
+    return root
 
 
 @task(name="generate_dataset", retries=0, task_run_name="generate {task_name} {quality}")
@@ -55,13 +96,11 @@ def generate_dataset_task(
 def import_dataset_task(source: str, fmt: str, task_name: str, out: str, quality: str, seed: int) -> str:
     """Import a Minari directory, a D4RL-style HDF5 file, or copy a dataset already in the project format."""
     if fmt == "arl":
-        from arl_models.data.dataset import read_info
+        from arl_models.data.dataset import read_info, staged_dir
 
         read_info(source)  # a readable sidecar, or DatasetError
-        dest = Path(out)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.copytree(source, dest)
+        with staged_dir(Path(out)) as tmp:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
         return out
     from arl_models.data.importers import import_d4rl, import_minari
 
@@ -103,6 +142,7 @@ def resolve_dataset(repo_dir: str | Path, path: str, version: str | None) -> dic
     from arl_models.data.dataset import read_info
 
     repo_dir = Path(repo_dir).resolve()
+    dataset_dir(repo_dir, path)
     rev = find_rev(repo_dir, path, version) if version else latest_rev(repo_dir, path)
     md5 = _dvc_file_hash_text(_git(repo_dir, "show", f"{rev}:{path}.dvc"))
     local = pull_dataset(repo_dir, path, rev)

@@ -92,8 +92,11 @@ def version_dataset(
     """
     from dvc.repo import Repo
 
+    from tasks.data import dataset_dir
+
     repo_dir = ensure_repo(repo_dir)
     rel = Path(path).resolve().relative_to(repo_dir)
+    dataset_dir(repo_dir, rel.as_posix())
     if remote is not None:
         configure_remote(repo_dir, remote, endpoint_url=endpoint_url)
     with Repo(str(repo_dir)) as repo:
