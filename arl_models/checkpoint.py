@@ -167,6 +167,54 @@ def has_train_state(out: str | Path) -> bool:
     return (Path(out) / TRAIN_STATE / "state.json").is_file()
 
 
+class ResumeMismatch(ValueError):
+    """A checkpoint folder holds a run of other settings or data than the one asked to resume in it."""
+
+
+RESUME_KEYS = ("algo", "config", "preset", "finetune", "continual_config", "dataset.digest", "env.task",
+               "env.env_version", "env.cost_budget")
+"""What a rerun must share with the run whose checkpoint it resumes (``a.b``: key ``b`` of ``a``); a step
+budget (``steps``) may differ, so that a longer run continues a shorter one."""
+
+
+def _get(record: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        record = record.get(part) if isinstance(record, dict) else None  # type: ignore[assignment]
+    return record
+
+
+def check_resumable(out: str | Path, record: dict[str, Any]) -> None:
+    """Refuse (:class:`ResumeMismatch`, naming each difference) to resume the run in ``out`` with ``record``
+    when they differ in any of :data:`RESUME_KEYS`."""
+    f = Path(out) / CONFIG
+    saved = json.loads(f.read_text()) if f.is_file() else {}
+    record = json.loads(json.dumps(record))  # as it would be saved: tuples become lists
+    diffs: list[str] = []
+    for key in RESUME_KEYS:
+        was, now = _get(saved, key), _get(record, key)
+        if isinstance(was, dict) and isinstance(now, dict):
+            diffs += [f"{key}.{k} was {was.get(k)!r}, now {now.get(k)!r}" for k in {**was, **now}
+                      if k != "steps" and was.get(k) != now.get(k)]
+        elif was != now:
+            diffs.append(f"{key} was {was!r}, now {now!r}")
+    if diffs:
+        raise ResumeMismatch(
+            f"{out} holds a run with other settings or data: {'; '.join(diffs)}. "
+            "Start over (restart=True, `--restart`) or choose another output folder."
+        )
+
+
+def clear_train_state(out: str | Path) -> None:
+    """Forget the run in ``out`` (train state, weights, records, logs), so the next one starts afresh."""
+    import shutil
+
+    out = Path(out)
+    shutil.rmtree(out / TRAIN_STATE, ignore_errors=True)
+    shutil.rmtree(out / BEST, ignore_errors=True)
+    for name in (WEIGHTS, CONFIG, METRICS, "metrics.jsonl", "episodes.jsonl"):
+        (out / name).unlink(missing_ok=True)
+
+
 def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor]:
     """Restore everything :func:`save_checkpoint` wrote into ``algo`` (and torch's RNG).
 

@@ -18,7 +18,7 @@ from arl_models.algos.cql import CQL
 from arl_models.algos.iql import IQL
 from arl_models.algos.td3bc import TD3BC
 from arl_models.checkpoint import config_record, load_policy, read_config
-from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
+from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, read_dataset
 from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EVAL_SEED, EvalResult, evaluate
 from arl_models.metrics import MetricSink
@@ -47,7 +47,8 @@ def env_record(info: DatasetInfo) -> dict[str, Any]:
 
 
 def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
-    return {"path": str(path), "quality": info.quality, "num_transitions": info.num_transitions}
+    return {"path": str(path), "quality": info.quality, "num_transitions": info.num_transitions,
+            "digest": content_digest(path)}
 
 
 def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
@@ -90,7 +91,7 @@ def live_eval(algo: Any, scaler: ActionScaler, info: DatasetInfo, episodes: int,
 def _run(
     algo: Any, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
     preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None, eval_episodes: int | None = None,
-    prioritized: PERConfig | None = None,
+    prioritized: PERConfig | None = None, restart: bool = False,
 ) -> dict[str, float]:
     preset = get_preset(preset_name)
     out = Path(out)
@@ -107,7 +108,7 @@ def _run(
         algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
         log_every=preset.log_every, save_every=preset.save_every,
         evaluate=evaluate_fn, eval_every=preset.eval_every if evaluate_fn else 0,
-        progress=progress, desc=f"{algo.name} {info.task}", prioritized=per,
+        progress=progress, desc=f"{algo.name} {info.task}", prioritized=per, restart=restart,
     )
     return final
 
@@ -115,16 +116,18 @@ def _run(
 def train_bc(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     config: BCConfig | None = None, sink: MetricSink | None = None, progress: bool = True,
-    eval_episodes: int | None = None, context_dim: int | None = None,
+    eval_episodes: int | None = None, context_dim: int | None = None, restart: bool = False,
 ) -> dict[str, float]:
     """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``.
 
-    ``context_dim``: observation entries that condition the actor (:func:`conditioning`)."""
+    ``context_dim``: observation entries that condition the actor (:func:`conditioning`). A checkpoint in
+    ``out`` of the same settings and data is resumed, one of others refused; ``restart`` discards it."""
     p = get_preset(preset)
     t, info = read_dataset(data)
     cfg = replace(config or p.bc, seed=seed, context_dim=conditioning(info, context_dim))
     algo = BC(info.obs_dim, info.action_dim, cfg)
-    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info, eval_episodes=eval_episodes)
+    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info, eval_episodes=eval_episodes,
+                restart=restart)
 
 
 def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
@@ -208,7 +211,7 @@ def train_offline_algo(
     algo: str, data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
     init_actor: str | Path | None = None, constrained: bool = True, config: Any = None,
     sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
-    prioritized: PERConfig | None = None, context_dim: int | None = None,
+    prioritized: PERConfig | None = None, context_dim: int | None = None, restart: bool = False,
 ) -> dict[str, float]:
     """Stage 2: offline RL (``cql``, ``td3bc`` or ``iql``) with a cost critic, optionally from a BC actor.
 
@@ -229,7 +232,8 @@ def train_offline_algo(
     extra: dict[str, Any] = {}
     if init_actor is not None:
         extra["init_actor"] = warm_start_from_bc(learner, init_actor)
-    return _run(learner, data, out, steps or p.offline_steps_of(algo), sink, progress, preset, t, info, extra, eval_episodes, prioritized)
+    return _run(learner, data, out, steps or p.offline_steps_of(algo), sink, progress, preset, t, info, extra,
+                eval_episodes, prioritized, restart)
 
 
 def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:
@@ -240,13 +244,14 @@ def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:
 def train_offline(
     data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, algo: str | None = None,
     bc_steps: int | None = None, steps: int | None = None, constrained: bool = True,
-    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
+    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None, restart: bool = False,
 ) -> dict[str, dict[str, float]]:
     """The pipeline's stages 1-2 at their defaults: BC into ``out/bc``, then stage 2's algorithm (``algo``,
     default the preset's) from it into ``out/<algo>``; returns both final records by stage."""
     algo = algo or get_preset(preset).offline_algo
     out = Path(out)
-    common: dict[str, Any] = {"preset": preset, "seed": seed, "sink": sink, "progress": progress, "eval_episodes": eval_episodes}
+    common: dict[str, Any] = {"preset": preset, "seed": seed, "sink": sink, "progress": progress,
+                              "eval_episodes": eval_episodes, "restart": restart}
     bc = train_bc(data, out / "bc", steps=bc_steps, **common)
     stage2 = train_offline_algo(algo, data, out / algo, steps=steps, init_actor=out / "bc", constrained=constrained, **common)
     return {"bc": bc, algo: stage2}

@@ -51,6 +51,8 @@ from arl_models.algos.calql import CalQL, CalQLConfig, MCBatch, Regularizer, mc_
 from arl_models.checkpoint import (
     BEST,
     CONFIG,
+    check_resumable,
+    clear_train_state,
     config_from_dict,
     finished,
     has_train_state,
@@ -60,7 +62,7 @@ from arl_models.checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from arl_models.data.dataset import read_dataset, read_info
+from arl_models.data.dataset import content_digest, read_dataset, read_info
 from arl_models.envs.registry import TaskSpec, get_task, make_env
 from arl_models.evaluate import EVAL_SEED, evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
@@ -69,6 +71,7 @@ from arl_models.preprocess import ObsStats, make_preprocessor
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.rate_tuner import RateTargets
 from arl_models.replay import ActionScaler, ReplayBuffer
+from arl_models.train import check_finite
 
 
 @dataclass(frozen=True)
@@ -412,11 +415,13 @@ def finetune(
     from_dir: str | Path, out: str | Path, *, task: str | None = None, data: str | Path | None = None,
     config: FinetuneConfig = FinetuneConfig(), regularizer: Regularizer | None = None,
     sink: MetricSink | None = None, progress: bool = True, stop_after_rounds: int | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     """Fine-tune the checkpoint in ``from_dir`` online; writes a checkpoint to ``out`` and returns the
-    final metrics record. ``out`` holding a ``train_state`` resumes it; one that already finished
-    ``config.steps`` is left as it is and its record returned. ``stop_after_rounds`` ends the call early
-    (checkpoint included), as an interruption would.
+    final metrics record. ``out`` holding a ``train_state`` of the same settings and data resumes it (one of
+    others is refused; ``restart`` discards it); one that already finished ``config.steps`` is left as it
+    is and its record returned. ``stop_after_rounds`` ends the call early (checkpoint included), as an
+    interruption would. A non-finite or runaway loss stops the stage (:class:`TrainingDiverged`).
     """
     cfg, out = config, Path(out)
     if cfg.pipeline not in ("sync", "async"):
@@ -424,12 +429,9 @@ def finetune(
     if not 0.0 <= cfg.cost_margin < 1.0:
         raise ValueError(f"cost_margin is a share of the budget in [0, 1), got {cfg.cost_margin}")
     out.mkdir(parents=True, exist_ok=True)
+    if restart:
+        clear_train_state(out)
     resuming = has_train_state(out)
-    done = finished(out, cfg.steps) if resuming else None
-    if done is not None:
-        if progress:
-            print(f"[finetune] {out} finished {cfg.steps} steps already: its record is returned, nothing is trained", flush=True)
-        return done
     rec_from = read_config(from_dir)
     spec = get_task(task) if task else get_task(rec_from["env"]["task"], rec_from["env"]["env_version"])
     budget = spec.cost_budget if cfg.cost_budget is None else cfg.cost_budget
@@ -438,6 +440,16 @@ def finetune(
     data = data or rec_from["dataset"]["path"]
     algo = build_algo(rec_from, cfg, regularizer)
     env = _env_record(rec_from, spec, budget, data)
+    dataset = {"path": str(data), **{k: v for k, v in rec_from.get("dataset", {}).items() if k != "path"},
+               "digest": content_digest(data)}
+    if resuming:
+        check_resumable(out, {"algo": algo.name, "config": asdict(algo.cfg), "env": env, "dataset": dataset,
+                              "finetune": asdict(cfg)})
+        done = finished(out, cfg.steps)
+        if done is not None:
+            if progress:
+                print(f"[finetune] {out} finished {cfg.steps} steps already: its record is returned, nothing is trained", flush=True)
+            return done
     scaler = ActionScaler.of(env["action_low"], env["action_high"])
     offline, offline_mc = _offline_buffer(data, scaler, algo.cfg.gamma)
     online: ReplayBuffer | PrioritizedReplay = (
@@ -464,7 +476,7 @@ def finetune(
         initial = run_eval() if cfg.eval_episodes > 0 else {}
         record = {
             "algo": algo.name, "config": asdict(algo.cfg), "env": env,
-            "dataset": {"path": str(data), **{k: v for k, v in rec_from.get("dataset", {}).items() if k != "path"}},
+            "dataset": dataset,
             "format_version": 1, "stage": "finetune", "from": str(from_dir), "finetune": asdict(cfg),
             "carried_multiplier": carried, "initial_eval": initial,
         } | {k: rec_from[k] for k in ("continual",) if k in rec_from}
@@ -482,9 +494,12 @@ def finetune(
             return None
         if not isinstance(online, PrioritizedReplay):
             batch = sample_mixed(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc)
-            return algo.update(batch if preprocess is None else preprocess(batch))
+            m = algo.update(batch if preprocess is None else preprocess(batch))
+            check_finite(m, algo.step, "finetune")
+            return m
         batch, idx, w = sample_mixed_prioritized(offline, online, batch_size, cfg.offline_ratio, offline_mc, online_mc)
         m = algo.update(batch if preprocess is None else preprocess(batch), weights=w)
+        check_finite(m, algo.step, "finetune")
         assert algo.td_error is not None
         online.update_priorities(idx, algo.td_error[batch_size - len(idx) :])
         return m | {"is_weight_mean": float(w[batch_size - len(idx) :].mean()) if len(idx) else 1.0}

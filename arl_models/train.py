@@ -7,6 +7,7 @@ last ``train_state/``, so an interrupted run reaches the same weights as an unin
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,15 @@ from typing import Any, Protocol, cast
 
 from tqdm.auto import tqdm
 
-from arl_models.checkpoint import Algorithm, finished, has_train_state, load_train_state, save_checkpoint
+from arl_models.checkpoint import (
+    Algorithm,
+    check_resumable,
+    clear_train_state,
+    finished,
+    has_train_state,
+    load_train_state,
+    save_checkpoint,
+)
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.prioritized import PrioritizedReplay, TDLearner, prioritized_update
 from arl_models.replay import Batch
@@ -24,6 +33,23 @@ class Trainable(Algorithm, Protocol):
     """An algorithm :func:`fit` can drive: a checkpointable one with a gradient step."""
 
     def update(self, batch: Batch) -> dict[str, float]: ...
+
+
+DIVERGED_ABOVE = 1e8
+"""A loss or value whose magnitude passes this has run away: the stage stops (:class:`TrainingDiverged`)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A gradient step gave a non-finite or runaway loss or value; the checkpoint on disk is the last good one."""
+
+
+def check_finite(metrics: dict[str, float], step: int, where: str) -> None:
+    """Raise :class:`TrainingDiverged` naming each metric of ``metrics`` that is not finite or passed
+    :data:`DIVERGED_ABOVE` at ``step``."""
+    bad = {k: v for k, v in metrics.items() if not math.isfinite(v) or abs(v) > DIVERGED_ABOVE}
+    if bad:
+        named = ", ".join(f"{k} = {v:.4g}" for k, v in bad.items())
+        raise TrainingDiverged(f"{where}: step {step}: {named}; nothing was saved from this step on")
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
@@ -50,6 +76,7 @@ def fit(
     desc: str = "",
     stop_after: int | None = None,
     prioritized: PrioritizedReplay | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     """Run ``algo.update(sample())`` until ``algo.step == steps``; returns the final metrics record (a
     checkpoint in ``out`` that already finished ``steps`` is left as it is and its record returned).
@@ -57,11 +84,19 @@ def fit(
     ``stop_after`` ends the call early after that many steps in this call (checkpoint included): it
     is how tests simulate an interruption. With ``prioritized`` each step draws its batch from that
     replay instead, weights the TD loss and updates the priorities; checkpoints carry them.
+
+    A checkpoint in ``out`` is resumed only when it was written with the same settings and data
+    (:func:`check_resumable`); ``restart`` discards it instead. A non-finite or runaway loss stops the
+    run with :class:`TrainingDiverged` before anything of that step is saved.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"
+    if restart:
+        clear_train_state(out)
     resuming = has_train_state(out)
+    if resuming:
+        check_resumable(out, record)
     done = finished(out, steps) if resuming else None
     if done is not None:
         if progress:
@@ -87,6 +122,7 @@ def fit(
                 m = algo.update(sample())
             else:
                 m = prioritized_update(cast(TDLearner, algo), prioritized, algo.cfg.batch_size)
+            check_finite(m, algo.step, desc or algo.name)
             for k, v in m.items():
                 window[k] = window.get(k, 0.0) + v
             count += 1

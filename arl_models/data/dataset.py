@@ -323,3 +323,17 @@ def table_to_transitions(table: pa.Table, info: DatasetInfo, source: str = "<tab
             raise DatasetError(f"{source}: column {name!r} has type {col.type}, expected {typ}: {e}") from e
         out[name] = col.to_numpy(zero_copy_only=False)
     return Transitions(**out)
+
+
+def content_digest(path: str | Path) -> str:
+    """sha256 over a dataset directory's files (relative path and contents, in sorted order): what it holds,
+    wherever it lies."""
+    import hashlib
+
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        with f.open("rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()
