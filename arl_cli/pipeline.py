@@ -144,22 +144,44 @@ def up_cmd(
     prefect_port: int = 4200,
     mlflow_port: int = 5000,
     deploy: Annotated[bool, typer.Option(help="Register prefect.yaml's deployments.")] = True,
+    auth_string: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ARL_PREFECT_AUTH_STRING",
+            show_envvar=True,
+            help="Prefect API auth string, 'user:password' (default: the stored one, else a new random one). "
+            "Prefer the variable: a command line is visible to other users.",
+        ),
+    ] = None,
+    mlflow_auth: Annotated[
+        bool, typer.Option(help="Run MLflow's basic-auth app (user and password generated once, stored).")
+    ] = False,
 ) -> None:
-    """Start a Prefect server, an MLflow server and a process worker; register the deployments."""
-    from tasks.stack import stack_env, up
+    """Start a Prefect server (API auth string, CSRF protection, CORS for its own UI), an MLflow server and a
+    process worker; register the deployments."""
+    from tasks.stack import credentials_file, stack_env, up
 
     paths = _paths()
     typer.echo(f"starting the stack under {paths.home} (logs in {paths.stack}) ...")
     try:
-        urls = up(paths, PROJECT_DIR, prefect_port=prefect_port, mlflow_port=mlflow_port, deploy=deploy)
-    except (RuntimeError, TimeoutError, OSError) as e:
+        urls = up(
+            paths, PROJECT_DIR, prefect_port=prefect_port, mlflow_port=mlflow_port, deploy=deploy,
+            auth_string=auth_string, mlflow_auth=mlflow_auth,
+        )  # fmt: skip
+    except (RuntimeError, TimeoutError, OSError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from e
+    creds = credentials_file(paths)
     typer.secho(f"Prefect UI: {urls.prefect_ui}", bold=True)
     typer.secho(f"MLflow UI:  {urls.mlflow}", bold=True)
+    typer.echo(f"credentials (mode 0600): {creds}")
+    typer.echo("  the Prefect UI asks for PREFECT_API_AUTH_STRING from that file" + (
+        "; MLflow's for MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" if urls.mlflow_auth else ""
+    ))  # fmt: skip
     typer.echo("to point other shells at it:")
     for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
         typer.echo(f"  export {k}={stack_env(paths, urls)[k]}")
+    typer.echo(f"  set -a; . {creds}; set +a")
 
 
 @app.command("down")
@@ -303,11 +325,18 @@ def compare_cmd(
 
 
 def _tracking_uri() -> str:
-    from tasks.stack import running_urls
+    """``$MLFLOW_TRACKING_URI``, else the running stack's MLflow (its credentials put in the environment), else
+    the local SQLite store."""
+    from tasks.stack import running_urls, stack_env
 
     paths = _paths()
     urls = running_urls(paths)
-    return os.environ.get("MLFLOW_TRACKING_URI") or (urls.mlflow if urls else paths.mlflow_uri)
+    if os.environ.get("MLFLOW_TRACKING_URI") or urls is None:
+        return os.environ.get("MLFLOW_TRACKING_URI") or paths.mlflow_uri
+    for k, v in stack_env(paths, urls).items():
+        if k.startswith("MLFLOW_"):
+            os.environ.setdefault(k, v)
+    return urls.mlflow
 
 
 COMPARE_ROWS = (
