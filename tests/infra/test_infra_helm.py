@@ -26,11 +26,21 @@ STR = {"type": "string", "minLength": 1}
 NODE_SELECTOR = obj(["arl.dev/node-pool"], **{"arl.dev/node-pool": {"const": "system"}})
 RESOURCES = obj(requests=ANY_MAP, limits=ANY_MAP)
 PREFECT_IMAGE = obj(["repository", "prefectTag"], repository=STR, prefectTag=STR, pullPolicy=STR)
+BASIC_AUTH_FROM_SECRET = obj(["enabled", "existingSecret"], enabled={"const": True}, existingSecret=STR)
+ENV_LIST = {"type": "array", "items": obj(["name", "value"], name=STR, value={"type": "string"})}
 
 SCHEMAS = {
     "prefect-server.yaml": obj(
         ["server", "postgresql", "secret"],
-        server=obj(["image"], image=PREFECT_IMAGE, nodeSelector=NODE_SELECTOR, resources=RESOURCES),
+        server=obj(
+            ["image", "basicAuth", "uiConfig", "env"],
+            image=PREFECT_IMAGE,
+            basicAuth=BASIC_AUTH_FROM_SECRET,
+            uiConfig=obj(["prefectUiApiUrl"], prefectUiApiUrl=STR),
+            env=ENV_LIST,
+            nodeSelector=NODE_SELECTOR,
+            resources=RESOURCES,
+        ),
         postgresql=obj(["enabled"], enabled={"const": False}),
         secret=obj(["create", "name"], create={"const": False}, name=STR),
     ),
@@ -38,11 +48,15 @@ SCHEMAS = {
         ["fullnameOverride", "worker", "serviceAccount"],
         fullnameOverride={"type": "string", "pattern": "^prefect-worker-(gpu|epyc)$"},
         worker=obj(
-            ["image", "apiConfig", "serverApiConfig", "config"],
+            ["image", "apiConfig", "selfHostedServerApiConfig", "config"],
             image=PREFECT_IMAGE,
             clusterUid=STR,
-            apiConfig={"enum": ["server"]},
-            serverApiConfig=obj(["apiUrl"], apiUrl={"type": "string", "pattern": r"^http://.+:4200/api$"}),
+            apiConfig={"const": "selfHostedServer"},
+            selfHostedServerApiConfig=obj(
+                ["apiUrl", "basicAuth"],
+                apiUrl={"type": "string", "pattern": r"^http://.+:4200/api$"},
+                basicAuth=BASIC_AUTH_FROM_SECRET,
+            ),
             config=obj(["workPool", "type"], workPool=STR, type={"const": "kubernetes"}, installPolicy=STR),
             nodeSelector=NODE_SELECTOR,
             resources=RESOURCES,
@@ -138,6 +152,35 @@ def test_mlflow_allowed_hosts_cover_the_in_cluster_name(rendered, settings):
         ","
     )
     assert f"mlflow.{settings['namespace']}.svc.cluster.local:5000" in hosts
+
+
+def _server_env(rendered) -> dict[str, str]:
+    server = yaml.safe_load((rendered / "helm/prefect-server.yaml").read_text())["server"]
+    return {e["name"]: e["value"] for e in server["env"]}
+
+
+def test_prefect_server_checks_csrf_and_answers_its_own_ui_only(rendered):
+    env = _server_env(rendered)
+    assert env["PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED"] == "true"
+    origins = env["PREFECT_SERVER_API_CORS_ALLOWED_ORIGINS"].split(",")
+    assert "*" not in origins and all(re.fullmatch(r"https?://[^/*]+", o) for o in origins)
+    ui_api = yaml.safe_load((rendered / "helm/prefect-server.yaml").read_text())["server"]["uiConfig"]
+    assert ui_api["prefectUiApiUrl"].removesuffix("/api") in origins
+
+
+def test_server_and_workers_share_one_auth_string_secret(rendered):
+    server = yaml.safe_load((rendered / "helm/prefect-server.yaml").read_text())["server"]["basicAuth"]
+    workers = [
+        yaml.safe_load((rendered / f"helm/prefect-worker-{p}.yaml").read_text())["worker"]
+        for p in ("gpu", "epyc")
+    ]
+    secrets = {server["existingSecret"]} | {
+        w["selfHostedServerApiConfig"]["basicAuth"]["existingSecret"] for w in workers
+    }
+    assert secrets == {"prefect-api-auth"}
+    assert "authString" not in server and all(
+        "authString" not in w["selfHostedServerApiConfig"]["basicAuth"] for w in workers
+    )
 
 
 SECRET_PATTERNS = [
