@@ -136,8 +136,12 @@ def register_policy(
     """Log the checkpoint as a pyfunc under ``policy/`` of ``run_id`` and register it as a new version.
 
     ``tags`` must hold every key of :data:`TRACE_TAGS`; they go onto the model version as ``arl.<key>``.
+    The model carries what serving it needs: ``arl_models`` as code (MLflow's ``code_paths``), the pinned
+    :func:`serving_requirements` and the :func:`policy_signature` MLflow enforces on every request.
     """
     import mlflow.pyfunc
+
+    import arl_models
 
     missing = [k for k in TRACE_TAGS if tags.get(k) in (None, "")]
     if missing:
@@ -149,7 +153,9 @@ def register_policy(
             str(model_dir),
             python_model=str(Path(__file__).with_name("policy_pyfunc.py")),
             artifacts={"checkpoint": str(checkpoint_dir)},
-            pip_requirements=[f"mlflow=={mlflow.__version__}", "torch==2.13.0", "numpy", "safetensors"],
+            code_paths=[str(Path(arl_models.__file__).parent)],
+            pip_requirements=serving_requirements(),
+            signature=policy_signature(checkpoint_dir),
         )
         c.log_artifacts(run_id, str(model_dir), artifact_path="policy")
     source = f"{c.get_run(run_id).info.artifact_uri}/policy"
@@ -159,6 +165,65 @@ def register_policy(
         model_name, source=source, run_id=run_id, tags={f"arl.{k}": str(tags[k]) for k in tags}
     )
     return RegisteredPolicy(model_name, str(mv.version), source)
+
+
+SERVING_DISTRIBUTIONS = ("mlflow", "numpy", "torch", "safetensors", "pyarrow")
+"""What a registered policy imports to load and predict: ``tasks/policy_pyfunc.py`` (mlflow, numpy) and the
+``arl_models`` modules behind ``load_policy`` (torch, safetensors, numpy, pyarrow)."""
+
+
+def serving_requirements() -> list[str]:
+    """The pip requirements of a registered policy: each of :data:`SERVING_DISTRIBUTIONS` pinned to the
+    version installed here, without a local label such as ``+cpu`` (no public index carries those)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in SERVING_DISTRIBUTIONS]
+
+
+def policy_signature(checkpoint_dir: str | Path) -> Any:
+    """The ``ModelSignature`` MLflow enforces when a registered policy predicts: float32 observations
+    ``(N, obs_dim)`` in (one unnamed tensor, so a request's ``inputs`` is a list of rows), float32 actions
+    ``(N, action_dim)`` out, the widths read from ``env`` in the handed-over policy's ``config.json``, and
+    a boolean parameter ``deterministic`` (default true). None for a directory without a ``config.json``
+    (no record to read the widths from)."""
+    import json
+
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types import ParamSchema, ParamSpec, Schema, TensorSpec
+
+    from arl_models.checkpoint import handed_over
+
+    record = handed_over(checkpoint_dir) / "config.json"
+    if not record.is_file():
+        return None
+    env = json.loads(record.read_text())["env"]
+    return ModelSignature(
+        inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, int(env["obs_dim"])))]),
+        outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, int(env["action_dim"])))]),
+        params=ParamSchema([ParamSpec("deterministic", "boolean", True)]),
+    )
+
+
+def describe_signature(model_uri: str, *, tracking_uri: str | None = None) -> str | None:
+    """What the model at ``model_uri`` takes and returns, from its signature, as one line
+    (``observations float32 [-1, 3] -> actions float32 [-1, 1]``); None for a model without one.
+    A model that cannot be read is a ``ValueError`` naming the URI."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import Model
+
+    try:
+        mlmodel = download_artifacts(
+            f"{model_uri.rstrip('/')}/MLmodel", tracking_uri=tracking_uri, registry_uri=tracking_uri
+        )
+    except (MlflowException, OSError) as e:
+        raise ValueError(f"cannot read the model {model_uri}: {e}") from e
+    signature = Model.load(mlmodel).signature
+    if signature is None or signature.inputs is None or signature.outputs is None:
+        return None
+    (obs,), (act,) = signature.inputs.inputs, signature.outputs.inputs
+    return f"observations {obs.type} {list(obs.shape)} -> actions {act.type} {list(act.shape)}"
 
 
 def alias_version(model_name: str, alias: str, *, tracking_uri: str | None = None) -> str | None:
