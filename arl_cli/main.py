@@ -312,6 +312,7 @@ def _mount() -> None:
     app.command("finetune")(online.finetune_cmd)
     app.command("continual")(online.continual_cmd)
     app.command("doctor")(importlib.import_module("arl_cli.doctor").doctor_cmd)
+    app.command("serve")(importlib.import_module("arl_cli.serve").serve_cmd)
 
 
 _mount()
