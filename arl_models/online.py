@@ -66,6 +66,7 @@ from arl_models.data.dataset import content_digest, read_dataset, read_info
 from arl_models.envs.registry import TaskSpec, get_task, make_env
 from arl_models.evaluate import EVAL_SEED, evaluate
 from arl_models.lagrange import PIDConfig, PIDLagrangian
+from arl_models.locks import holding_out
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.preprocess import ObsStats, make_preprocessor
 from arl_models.prioritized import PERConfig, PrioritizedReplay
@@ -411,6 +412,7 @@ def _env_record(record: dict[str, Any], spec: TaskSpec, budget: float, data: str
     return env
 
 
+@holding_out
 def finetune(
     from_dir: str | Path, out: str | Path, *, task: str | None = None, data: str | Path | None = None,
     config: FinetuneConfig = FinetuneConfig(), regularizer: Regularizer | None = None,

@@ -24,6 +24,7 @@ from arl_models.checkpoint import (
     load_train_state,
     save_checkpoint,
 )
+from arl_models.locks import holding_out
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.prioritized import PrioritizedReplay, TDLearner, prioritized_update
 from arl_models.replay import Batch
@@ -60,6 +61,7 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     path.write_text("".join(f"{ln}\n" for ln in keep))
 
 
+@holding_out
 def fit(
     algo: Trainable,
     sample: Callable[[], Batch],

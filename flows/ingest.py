@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from arl_models.locks import folder_lock
 from flows.params import DEFAULT_SOURCE, IngestSource
 from tasks.data import (
     dataset_dir,
@@ -37,13 +38,21 @@ def ingest_flow(
     (default ARL_DVC_REMOTE or .arl/dvc-remote when the repo has none). Returns the version
     (``md5``, ``path``, ``remote``, ``git_rev``).
     """
-    logger = get_run_logger()
     paths = state_paths()
     repo_dir = flow_data_repo(repo, paths.data_repo)
-    name = source.dataset_name()
-    out = dataset_dir(repo_dir, name)
+    out = dataset_dir(repo_dir, source.dataset_name())
+    with folder_lock(out):  # another ingest of the same name waits, then versions what this one wrote
+        return _make_and_version(source, out, repo_dir, remote, emit_event, overwrite)
+
+
+def _make_and_version(
+    source: IngestSource, out: Path, repo_dir: Path, remote: str | None, emit_event: bool, overwrite: bool
+) -> dict[str, str]:
+    """Generate or import ``source`` into ``out`` (unless it is there), validate it, version and push it."""
+    logger = get_run_logger()
+    paths = state_paths()
     if out.exists() and not overwrite:
-        logger.info("dataset %s already in %s: versioning it as it is", name, repo_dir)
+        logger.info("dataset %s already in %s: versioning it as it is", out.name, repo_dir)
     elif source.kind == "generate":
         generate_dataset_task(
             source.task, source.quality, str(out), source.transitions, source.seed, source.behaviour_steps,

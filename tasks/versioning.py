@@ -9,6 +9,7 @@ environment (``AWS_ACCESS_KEY_ID``...), never from code or the DVC config.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import yaml
 from prefect import get_run_logger, task
+
+from arl_models.locks import folder_lock
 
 REMOTE_NAME = "arl"
 EVENT_PUSHED = "arl.dataset.pushed"
@@ -67,13 +70,14 @@ def ensure_repo(repo_dir: str | Path) -> Path:
     from dvc.repo import Repo
 
     repo_dir = Path(repo_dir).resolve()
-    repo_dir.mkdir(parents=True, exist_ok=True)
-    if not (repo_dir / ".git").exists():
-        _git(repo_dir, "init", "-q")
-    if not (repo_dir / ".dvc").exists():
-        Repo.init(str(repo_dir)).close()
-        _git(repo_dir, "add", ".dvc", ".dvcignore")
-        _git(repo_dir, "commit", "-q", "-m", "Initialise DVC")
+    with folder_lock(repo_dir):
+        repo_dir.mkdir(parents=True, exist_ok=True)
+        if not (repo_dir / ".git").exists():
+            _git(repo_dir, "init", "-q")
+        if not (repo_dir / ".dvc").exists():
+            Repo.init(str(repo_dir)).close()
+            _git(repo_dir, "add", ".dvc", ".dvcignore")
+            _git(repo_dir, "commit", "-q", "-m", "Initialise DVC")
     return repo_dir
 
 
@@ -90,13 +94,19 @@ def version_dataset(
     ``remote`` (a directory or ``s3://bucket/prefix``) is configured as the default remote when given;
     without it the repository's configured default is used.
     """
-    from dvc.repo import Repo
 
     from tasks.data import dataset_dir
 
     repo_dir = ensure_repo(repo_dir)
     rel = Path(path).resolve().relative_to(repo_dir)
     dataset_dir(repo_dir, rel.as_posix())
+    with folder_lock(repo_dir):
+        return _add_commit_push(repo_dir, rel, remote, endpoint_url)
+
+
+def _add_commit_push(repo_dir: Path, rel: Path, remote: str | None, endpoint_url: str | None) -> DataVersion:
+    from dvc.repo import Repo
+
     if remote is not None:
         configure_remote(repo_dir, remote, endpoint_url=endpoint_url)
     with Repo(str(repo_dir)) as repo:
@@ -142,13 +152,14 @@ def pull_dataset(repo_dir: str | Path, path: str, rev_or_hash: str, *, out: str 
     rev = find_rev(repo_dir, path, rev_or_hash)
     md5 = _dvc_file_hash_text(_git(repo_dir, "show", f"{rev}:{path}.dvc"))
     dest = Path(out) if out is not None else repo_dir / ".dvc" / "tmp" / "pulled" / md5 / Path(path).name
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.partial")
-    fs = DVCFileSystem(str(repo_dir), rev=rev)
-    fs.get(path, str(tmp), recursive=True)
-    tmp.rename(dest)
+    with folder_lock(dest):
+        if dest.exists():
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a pull that was killed
+        DVCFileSystem(str(repo_dir), rev=rev).get(path, str(tmp), recursive=True)
+        tmp.rename(dest)
     return dest
 
 

@@ -16,8 +16,10 @@ place, so a crash never leaves a half-written dataset under the final name.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -231,15 +233,35 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
 @contextmanager
 def staged_dir(dst: Path) -> Iterator[Path]:
     """A temporary sibling of ``dst`` to build in; on success it replaces ``dst`` whole (:func:`_replace_dir`),
-    on failure it is removed and ``dst`` is left as it was."""
+    on failure it is removed and ``dst`` is left as it was. Siblings left by a writer that was killed (its
+    process is gone) are removed first."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    _sweep_stale(dst)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.{os.getpid()}.", suffix=".tmp", dir=dst.parent))
     try:
         yield tmp
         _replace_dir(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _sweep_stale(dst: Path) -> None:
+    """Remove the staging and swap-out siblings of ``dst`` whose writing process no longer exists."""
+    for p in dst.parent.glob(f".{glob.escape(dst.name)}.*"):
+        m = re.fullmatch(rf"\.{re.escape(dst.name)}\.(?:(\d+)\.[a-z0-9_]{{8}}\.tmp|old-(\d+))", p.name)
+        if m and not _alive(int(m.group(1) or m.group(2))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
