@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 TRANSITIONS_FILE = "transitions.parquet"
@@ -279,26 +280,67 @@ def _replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+_SIDECAR_INTS = ("obs_dim", "action_dim")
+
+
+def _check_sidecar(info: DatasetInfo, sidecar: Path) -> DatasetInfo:
+    """The sidecar's fields that the readers index by: text names, positive dimensions, one bound per action."""
+    for name in ("task", "env_id", "env_version"):
+        if not isinstance(getattr(info, name), str) or not getattr(info, name):
+            raise DatasetError(f"{sidecar}: {name} must be a non-empty string, got {getattr(info, name)!r}")
+    for name in _SIDECAR_INTS:
+        value = getattr(info, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DatasetError(f"{sidecar}: {name} must be a positive integer, got {value!r}")
+    for name in ("action_low", "action_high"):
+        bounds = getattr(info, name)
+        numbers = isinstance(bounds, list) and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+        if not numbers or len(bounds) != info.action_dim:
+            raise DatasetError(f"{sidecar}: {name} must be a list of {info.action_dim} numbers (action_dim), got {bounds!r}")
+    if not isinstance(info.num_transitions, int) or isinstance(info.num_transitions, bool) or info.num_transitions < 0:
+        raise DatasetError(f"{sidecar}: num_transitions must be a non-negative integer, got {info.num_transitions!r}")
+    return info
+
+
 def read_info(path: str | Path) -> DatasetInfo:
+    """The sidecar of the dataset at ``path``; :class:`DatasetError` names the file and what is wrong with it."""
     path = Path(path)
     sidecar = path / SIDECAR_FILE
     if not sidecar.is_file():
         raise DatasetError(f"{path}: not a dataset directory (missing {SIDECAR_FILE})")
     try:
         raw = json.loads(sidecar.read_text())
-        return DatasetInfo(**raw)
-    except (json.JSONDecodeError, TypeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: JSON or UTF-8 decoding
         raise DatasetError(f"{sidecar}: malformed sidecar: {e}") from e
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{sidecar}: malformed sidecar: expected a JSON object, got {type(raw).__name__}")
+    try:
+        info = DatasetInfo(**raw)
+    except TypeError as e:
+        raise DatasetError(f"{sidecar}: malformed sidecar: {e}") from e
+    return _check_sidecar(info, sidecar)
+
+
+def _require_rows(table: pa.Table, source: str) -> pa.Table:
+    if table.num_rows == 0:
+        raise DatasetError(f"{source}: the dataset has 0 rows")
+    return table
 
 
 def read_table(path: str | Path) -> pa.Table:
+    """The transitions of the dataset at ``path`` as an Arrow table; a missing, unreadable or empty file
+    is a :class:`DatasetError` that names the file and the cause."""
     path = Path(path)
     f = path / TRANSITIONS_FILE
     if not f.is_file():
         raise DatasetError(f"{path}: missing {TRANSITIONS_FILE}")
     # metadata strings repeat (one data version per collection run): keep them dictionary-encoded
     strings = [n for n, t in METADATA_COLUMNS.items() if t == pa.string()]
-    return pq.read_table(f, read_dictionary=strings)
+    try:
+        table = pq.read_table(f, read_dictionary=strings)
+    except (pa.ArrowException, OSError) as e:  # truncated, corrupt pages, failed decompression
+        raise DatasetError(f"{f}: cannot read the Parquet file ({type(e).__name__}): {e}") from e
+    return _require_rows(table, str(f))
 
 
 def read_dataset(path: str | Path) -> tuple[Transitions, DatasetInfo]:
@@ -309,41 +351,66 @@ def read_dataset(path: str | Path) -> tuple[Transitions, DatasetInfo]:
     return table_to_transitions(table, info, source=str(path / TRANSITIONS_FILE)), info
 
 
+def _check_widths(col: pa.Array, name: str, dim: int, source: str) -> None:
+    """Every row of the list column ``col`` holds ``dim`` values (a wrong row would shift every later one)."""
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(lengths != dim)
+    if wrong.size:
+        rows = ", ".join(f"row {i} has {lengths[i]}" for i in wrong[:5])
+        raise DatasetError(
+            f"{source}: column {name!r} has {wrong.size} row(s) of the wrong width ({rows}); "
+            f"expected dimension {dim} per row (from {SIDECAR_FILE})"
+        )
+
+
+def _vector(table: pa.Table, name: str, dim: int, source: str) -> np.ndarray:
+    """The list column ``name`` as a contiguous ``(N, dim)`` float32 array, each row's width checked."""
+    col = table.column(name).combine_chunks()
+    typ = col.type
+    if not (pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+        raise DatasetError(f"{source}: column {name!r} must be a list of floats, got {typ}")
+    if not (pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type)):
+        raise DatasetError(f"{source}: column {name!r} must be a list of floats, got {typ}")
+    if col.null_count:
+        raise DatasetError(f"{source}: column {name!r} has {col.null_count} null row(s)")
+    n = table.num_rows
+    flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    if flat.size != n * dim:
+        raise DatasetError(
+            f"{source}: column {name!r} has {flat.size} values for {n} rows; "
+            f"expected dimension {dim} per row (from {SIDECAR_FILE})"
+        )
+    _check_widths(col, name, dim, source)
+    return flat.reshape(n, dim)
+
+
+def _scalar(table: pa.Table, name: str, typ: pa.DataType, source: str) -> np.ndarray:
+    """The scalar column ``name`` as a numpy array of ``typ`` (strings as objects), without nulls."""
+    col = table.column(name).combine_chunks()
+    if col.null_count:
+        raise DatasetError(f"{source}: column {name!r} has {col.null_count} null value(s)")
+    if pa.types.is_dictionary(col.type) and typ == pa.string():
+        # a handful of distinct strings: build them once, then index (no per-row str objects)
+        values = np.asarray(col.dictionary.cast(pa.string()).to_pylist(), dtype=object)
+        return values[col.indices.to_numpy(zero_copy_only=False)]
+    try:
+        col = col.cast(typ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise DatasetError(f"{source}: column {name!r} has type {col.type}, expected {typ}: {e}") from e
+    return col.to_numpy(zero_copy_only=False)
+
+
 def table_to_transitions(table: pa.Table, info: DatasetInfo, source: str = "<table>") -> Transitions:
+    """The rows of ``table`` as :class:`Transitions`, after checking columns, types, nulls and each row's
+    vector widths against the sidecar ``info``; anything wrong is a :class:`DatasetError` naming the column."""
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
         raise DatasetError(f"{source}: missing column(s) {missing}")
-    n = table.num_rows
-    out: dict[str, np.ndarray] = {}
+    _require_rows(table, source)
     dims = {"obs": info.obs_dim, "next_obs": info.obs_dim, "action": info.action_dim}
-    for name in VECTOR_COLUMNS:
-        col = table.column(name).combine_chunks()
-        typ = col.type
-        if not (pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ)):
-            raise DatasetError(f"{source}: column {name!r} must be a list of floats, got {typ}")
-        if col.null_count:
-            raise DatasetError(f"{source}: column {name!r} has {col.null_count} null row(s)")
-        flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        if flat.size != n * dims[name]:
-            raise DatasetError(
-                f"{source}: column {name!r} has {flat.size} values for {n} rows; "
-                f"expected dimension {dims[name]} per row (from {SIDECAR_FILE})"
-            )
-        out[name] = flat.reshape(n, dims[name])
+    out = {name: _vector(table, name, dims[name], source) for name in VECTOR_COLUMNS}
     for name, typ in (*SCALAR_COLUMNS.items(), *METADATA_COLUMNS.items()):
-        col = table.column(name).combine_chunks()
-        if col.null_count:
-            raise DatasetError(f"{source}: column {name!r} has {col.null_count} null value(s)")
-        if pa.types.is_dictionary(col.type) and typ == pa.string():
-            # a handful of distinct strings: build them once, then index (no per-row str objects)
-            values = np.asarray(col.dictionary.cast(pa.string()).to_pylist(), dtype=object)
-            out[name] = values[col.indices.to_numpy(zero_copy_only=False)]
-            continue
-        try:
-            col = col.cast(typ)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise DatasetError(f"{source}: column {name!r} has type {col.type}, expected {typ}: {e}") from e
-        out[name] = col.to_numpy(zero_copy_only=False)
+        out[name] = _scalar(table, name, typ, source)
     return Transitions(**out)
 
 

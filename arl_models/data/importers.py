@@ -13,6 +13,8 @@ records them, their ``ref_source`` and, in ``extra.references``, where they come
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,6 +70,16 @@ def _check_dims(spec: TaskSpec, obs: np.ndarray, act: np.ndarray, source: str) -
         raise DatasetError(f"{source}: actions have shape {act.shape}; task {spec.key} needs (N, {act_dim})")
 
 
+@contextmanager
+def _hdf5(path: str | Path) -> Iterator[h5py.File]:
+    """``path`` open for reading; an unreadable file or a missing group is a :class:`DatasetError` naming it."""
+    try:
+        with h5py.File(path, "r") as f:
+            yield f
+    except (OSError, KeyError) as e:  # not HDF5, truncated, corrupt; a dataset absent from an episode group
+        raise DatasetError(f"{path}: cannot read the HDF5 file ({type(e).__name__}): {e}") from e
+
+
 def _episode_steps(episode_id: np.ndarray) -> np.ndarray:
     """Step index within each (contiguous) episode, vectorised."""
     starts = np.r_[0, np.flatnonzero(np.diff(episode_id)) + 1]
@@ -85,7 +97,7 @@ def import_d4rl(
     if ref_scores is not None:
         given_references(ref_scores)  # a bad pair fails before any reading
     src = str(path)
-    with h5py.File(path, "r") as f:
+    with _hdf5(path) as f:
         missing = [k for k in D4RL_KEYS if k not in f]
         if missing:
             raise DatasetError(f"{src}: missing dataset(s) {missing} (a D4RL file has {list(D4RL_KEYS)})")
@@ -98,6 +110,8 @@ def import_d4rl(
         cost = f["infos/cost"][:] if "infos/cost" in f else (f["costs"][:] if "costs" in f else None)
     _check_dims(spec, obs, act, src)
     n = len(obs)
+    if n == 0:
+        raise DatasetError(f"{src}: the file holds 0 transitions")
     for name, arr in (("actions", act), ("rewards", rew), ("terminals", term), ("timeouts", tout)):
         if len(arr) != n:
             raise DatasetError(f"{src}: {name} has {len(arr)} rows, observations has {n}")
@@ -146,7 +160,7 @@ def import_minari(
     if not h5.is_file():
         raise DatasetError(f"{path}: not a Minari dataset directory (no data/main_data.hdf5)")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "next_obs", "act", "rew", "cost", "term", "trunc", "ep")}
-    with h5py.File(h5, "r") as f:
+    with _hdf5(h5) as f:
         episodes = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_")[1]))
         if not episodes:
             raise DatasetError(f"{h5}: no episode_* groups")
@@ -169,6 +183,8 @@ def import_minari(
     _check_dims(spec, cat["obs"], cat["act"], str(h5))
     given = None if np.isnan(cat["cost"]).any() else cat["cost"]
     n = len(cat["rew"])
+    if n == 0:
+        raise DatasetError(f"{h5}: the episodes hold 0 transitions")
     ph = policy_hash or hashlib.sha256(cat["act"].tobytes()).hexdigest()
     t = Transitions(
         obs=cat["obs"], action=cat["act"], reward=cat["rew"], cost=_costs(spec, cat["act"], cat["next_obs"], given, str(h5)),
