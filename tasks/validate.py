@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,15 +53,18 @@ class ExpectationOutcome:
     examples: list[Any] = field(default_factory=list)
     example_rows: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    expected: str | None = None
+    """What the expectation allows, as text (``one of [...]``, ``between -2.0 and 2.0``)."""
 
     def describe(self) -> str:
         where = f" on column {self.column!r}" if self.column else ""
         if self.error:
             return f"{self.suite}: {self.expectation}{where} raised: {self.error}"
         rows = f" at rows {self.example_rows}" if self.example_rows else ""
+        expected = f"; expected {self.expected}" if self.expected else ""
         return (
             f"{self.suite}: {self.expectation}{where}: {self.unexpected_count} unexpected, "
-            f"e.g. {self.examples}{rows}"
+            f"e.g. {self.examples}{rows}{expected}"
         )
 
 
@@ -99,6 +103,28 @@ def _row_id(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def _distinct(values: list[Any]) -> list[Any]:
+    """``values`` without repeats, in order (a sidecar's value sits on every row)."""
+    return [v for i, v in enumerate(values) if v not in values[:i]]
+
+
+def _expected(kwargs: dict[str, Any]) -> str | None:
+    """The allowed values of a set or range expectation (parameters already substituted), as text."""
+    if isinstance(kwargs.get("value_set"), list | tuple | set):
+        values = list(kwargs["value_set"])
+        if len(values) <= 3:
+            return f"one of {values}"
+        return f"one of {len(values)} values: {', '.join(map(str, values[:3]))}, ..."
+    low, high = kwargs.get("min_value"), kwargs.get("max_value")
+    if low is not None and low == high:
+        return f"{low}"
+    if low is not None and high is not None:
+        return f"between {low} and {high}"
+    if low is not None or high is not None:
+        return f">= {low}" if low is not None else f"<= {high}"
+    return None
+
+
 def _outcome(suite: str, res: Any) -> ExpectationOutcome:
     cfg = res.expectation_config
     column = cfg.kwargs.get("column")
@@ -114,8 +140,9 @@ def _outcome(suite: str, res: Any) -> ExpectationOutcome:
         column=column,
         success=bool(res.success),
         unexpected_count=int(result.get("unexpected_count") or 0),
-        examples=[_plain(v) for v in (result.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]],
+        examples=_distinct([_plain(v) for v in result.get("partial_unexpected_list") or []])[:MAX_EXAMPLES],
         example_rows=rows[:MAX_EXAMPLES],
+        expected=_expected(cfg.kwargs),
     )
 
 
@@ -174,25 +201,30 @@ def _checkpoint(context: Any, action_dim: int, data_docs_dir: Path | None) -> An
     )
 
 
+def _ephemeral_context() -> Any:
+    """An in-memory GX context without progress bars or its INFO line about a temporary docs directory."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
 def validate_dataset_dir(path: str | Path, *, data_docs_dir: str | Path | None = None) -> ValidationReport:
     """Run both suites on the dataset at ``path``; build Data Docs into ``data_docs_dir`` if given.
 
     A sidecar or Parquet file that cannot be read at all raises :class:`DatasetError`; everything the
     suites can judge comes back in the report.
     """
-    import great_expectations as gx
-
     t0 = time.perf_counter()
     path = Path(path)
     info = read_info(path)
     table = read_table(path)
     frame = validation_frame(table, info)
     docs = Path(data_docs_dir) if data_docs_dir is not None else None
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    checkpoint = _checkpoint(context, info.action_dim, docs)
+    checkpoint = _checkpoint(_ephemeral_context(), info.action_dim, docs)
     run = checkpoint.run(batch_parameters={"dataframe": frame}, expectation_parameters=run_parameters(info))
     outcomes = []
     for vr in run.run_results.values():
