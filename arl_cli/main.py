@@ -166,12 +166,30 @@ def _preset_config(stage: str, preset: str, **fields: Any) -> Any:
     return with_given(getattr(get_preset(preset), stage), **fields)
 
 
+def _require_valid(data: Path) -> None:
+    """Refuse (exit 2, naming each failing expectation) a dataset that does not pass the expectation suites,
+    before anything is written."""
+    import os
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    from arl_models.data import DatasetError
+    from tasks.validate import validate_dataset_dir
+
+    try:
+        report = validate_dataset_dir(data)
+    except DatasetError as e:
+        _fail(str(e))
+    if not report.success:
+        _fail(f"the dataset failed validation; nothing was trained.\n{report.summary()}")
+
+
 def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:
     from functools import partial
 
     from arl_models.data import DatasetError
     from arl_models.offline import train_bc, train_offline_algo
 
+    _require_valid(data)
     fn = train_bc if stage == "bc" else partial(train_offline_algo, stage)
     try:
         final = fn(data, out, preset=preset, seed=seed, steps=steps, **kw)
@@ -180,7 +198,7 @@ def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, ste
     typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
 
 
-Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory.")]
+Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory; refused unless it passes the expectation suites (arl data validate).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory (resumes if it holds a train_state).")]
 Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
 Steps = Annotated[int | None, typer.Option(help="Gradient steps (preset default if unset).")]
@@ -263,6 +281,7 @@ def train_offline_cmd(
     from arl_models.data import DatasetError
     from arl_models.offline import train_offline
 
+    _require_valid(data)
     try:
         finals = train_offline(data, out, preset=preset, seed=seed, algo=algo, bc_steps=bc_steps, steps=steps,
                                constrained=constrained)
