@@ -65,7 +65,7 @@ class DatasetInfo:
     """The JSON sidecar: what the rows alone cannot say."""
 
     task: str
-    """Registered task name (``safe-pendulum``), or ``gym:<env id>`` for an unregistered env."""
+    """Registered task name (``safe-pendulum``, :mod:`arl_models.envs.registry`); validation refuses one it does not know."""
     env_id: str
     env_version: str
     obs_dim: int
