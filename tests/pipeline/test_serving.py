@@ -48,8 +48,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from arl_models.offline import train_bc
 
     root = tmp_path_factory.mktemp("serving")
-    info = replace(make_info(), action_low=LOW.tolist(), action_high=HIGH.tolist())
-    data = write_dataset(root / "ds", make_transitions(), info)
+    info = replace(make_info(), action_dim=2, action_low=LOW.tolist(), action_high=HIGH.tolist())
+    data = write_dataset(root / "ds", make_transitions(act_dim=2), info)
     train_bc(data, root / "bc", steps=30, progress=False, eval_episodes=0)
     return root / "bc"
 

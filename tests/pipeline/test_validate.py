@@ -80,7 +80,7 @@ BROKEN = {
     "next_obs inf": (_break("next_obs", lambda a: a.__setitem__((4, 0), np.inf)), IN_SET, "next_obs_finite"),
     "reward NaN": (_break("reward", lambda a: a.__setitem__(9, np.nan)), IN_SET, "reward_finite"),
     "cost inf": (_break("cost", lambda a: a.__setitem__(9, -np.inf)), IN_SET, "cost_finite"),
-    "action above bound": (_break("action", lambda a: a.__setitem__((2, 1), 1.5)), BETWEEN, "action_1"),
+    "action above bound": (_break("action", lambda a: a.__setitem__((2, 0), 2.5)), BETWEEN, "action_0"),
     "action below bound": (_break("action", lambda a: a.__setitem__((2, 0), -3.0)), BETWEEN, "action_0"),
     "step skips": (
         _break("step", lambda a: a.__setitem__(slice(30, 50), a[30:50] + 1)),
@@ -140,12 +140,12 @@ def test_row_count_must_match_sidecar(good_dataset: Path) -> None:
 
 def test_report_names_rows_and_values(tmp_path: Path) -> None:
     t = make_transitions()
-    t.action[27, 1] = 4.0  # episode 1, step 2
+    t.action[27, 0] = 4.0  # episode 1, step 2
     report = validate_dataset_dir(make_dataset(tmp_path / "ds", t))
     (failure,) = report.failures
     assert failure.examples == [4.0]
     assert failure.example_rows == [{"episode_id": 1, "step": 2}]
-    assert "action_1" in report.summary() and "4.0" in report.summary()
+    assert "action_0" in report.summary() and "4.0" in report.summary()
 
 
 def test_task_raises_with_failing_expectations(tmp_path: Path) -> None:
