@@ -15,7 +15,7 @@ import typer
 app = typer.Typer(help="Constrained online fine-tuning and EWC continual learning.", no_args_is_help=True)
 
 From = Annotated[Path, typer.Option("--from", help="Checkpoint directory to start from (CQL, or an earlier stage).")]
-Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write (resumes if it holds a train_state).")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory to write; one holding a run of the same settings and data is resumed, one of others refused.")]
 Seed = Annotated[int, typer.Option(help="Random seed (uint32).")]
 
 
@@ -61,6 +61,7 @@ def finetune_cmd(
     sync_every: Annotated[int, typer.Option(help="Async pipeline: learner updates between weight broadcasts.")] = 50,
     tune: Annotated[bool, typer.Option(help="Async pipeline: let the rate tuner move workers and UTD.")] = False,
     seed: Seed = 0,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard the checkpoint in --out and start over.")] = False,
 ) -> None:
     """Constrained online fine-tuning (stage 3): SAC with a PID Lagrange multiplier on episode cost,
     warm-started from the CQL checkpoint, offline and online data mixed."""
@@ -68,6 +69,7 @@ def finetune_cmd(
     from arl_models.data import DatasetError
     from arl_models.lagrange import PIDConfig
     from arl_models.online import FinetuneConfig, WorkerConfig, finetune
+    from arl_models.train import TrainingDiverged
 
     pool = WorkerConfig(backend=backend, address=ray_address, num_workers=workers, sync_every=sync_every, tune=tune)
     cfg = FinetuneConfig(
@@ -77,8 +79,8 @@ def finetune_cmd(
         preprocess=preprocess, preprocess_scale=preprocess_scale,
     )
     try:
-        final = finetune(from_dir, out, task=task, data=data, config=cfg)
-    except (DatasetError, KeyError, ValueError, FileNotFoundError, ImportError) as e:
+        final = finetune(from_dir, out, task=task, data=data, config=cfg, restart=restart)
+    except (DatasetError, KeyError, ValueError, FileNotFoundError, ImportError, TrainingDiverged) as e:
         _fail(str(e))
     typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
 
@@ -111,6 +113,7 @@ def continual_cmd(
     from arl_models.continual import ContinualConfig, train_continual
     from arl_models.data import DatasetError
     from arl_models.presets import with_given
+    from arl_models.train import TrainingDiverged
 
     try:
         networks = tuple(n.strip() for n in ewc_networks.split(",") if n.strip()) if ewc_networks else NETWORKS
@@ -118,7 +121,7 @@ def continual_cmd(
                               rehearsal=rehearsal, online_steps=online_steps, baseline=baseline, eval_episodes=eval_episodes,
                               eval_every=eval_every)
         report = train_continual(from_dir, data, out, previous=previous or None, naive_from=naive_from, config=cfg)
-    except (DatasetError, KeyError, ValueError, FileNotFoundError) as e:
+    except (DatasetError, KeyError, ValueError, FileNotFoundError, TrainingDiverged) as e:
         _fail(str(e))
     for name in ("ewc", "naive"):
         if name in report:

@@ -24,7 +24,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from arl_models.data.dataset import DatasetError, read_info, read_table
+from arl_models.data.dataset import DatasetError, content_digest, read_info, read_table
 from tasks.frames import INDEX_COLUMNS, run_parameters, validation_frame
 
 SUITES = ("metadata", "transitions")
@@ -241,17 +241,6 @@ def validate_dataset_dir(path: str | Path, *, data_docs_dir: str | Path | None =
     )
 
 
-def dataset_digest(path: str | Path) -> str:
-    """sha256 over the dataset directory's files (relative path and contents, in sorted order)."""
-    root = Path(path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        with f.open("rb") as fh:
-            h.update(hashlib.file_digest(fh, "sha256").digest())
-    return h.hexdigest()
-
-
 def suites_digest() -> str:
     """sha256 of what judges a dataset: both suite files, the code that builds the frame, the GX version."""
     from importlib.metadata import version
@@ -269,7 +258,7 @@ def suites_digest() -> str:
 def validation_key(path: str | Path, data_docs_dir: str | None = None) -> str:
     """Identical bytes judged by identical suites (and Data Docs built into the same place) get one verdict."""
     docs = hashlib.sha256(str(data_docs_dir or "").encode()).hexdigest()[:12]
-    return f"arl-validate-{dataset_digest(path)}-{suites_digest()[:16]}-{docs}"
+    return f"arl-validate-{content_digest(path)}-{suites_digest()[:16]}-{docs}"
 
 
 def _validation_key(context: Any, parameters: dict[str, Any]) -> str:

@@ -135,6 +135,6 @@ def test_finetune_options_default_to_the_librarys_config():
     library = {"budget": cfg.cost_budget, "kp": cfg.pid.kp, "ki": cfg.pid.ki, "kd": cfg.pid.kd,
                "workers": cfg.workers.num_workers, "backend": cfg.workers.backend, "ray_address": cfg.workers.address,
                "sync_every": cfg.workers.sync_every, "tune": cfg.workers.tune}
-    options = {n: p.default for n, p in inspect.signature(finetune_cmd).parameters.items() if n not in ("from_dir", "out", "task", "data")}
+    options = {n: p.default for n, p in inspect.signature(finetune_cmd).parameters.items() if n not in ("from_dir", "out", "task", "data", "restart")}
     expected = {n: library[n] if n in library else getattr(cfg, n) for n in options}
     assert options == expected

@@ -72,3 +72,17 @@ def test_runaway_values_are_named(value):
     with pytest.raises(TrainingDiverged, match="q_mean"):
         check_finite({"loss": 1.0, "q_mean": value}, 3, "cql")
     check_finite({"loss": 1.0, "q_mean": -DIVERGED_ABOVE}, 3, "cql")
+
+
+def test_cli_names_the_mismatch_and_restarts_when_told(tiny_dataset, tmp_path):
+    from typer.testing import CliRunner
+
+    from arl_cli.main import app
+
+    out = tmp_path / "bc"
+    args = ["train", "bc", "--data", str(tiny_dataset), "--out", str(out), "--steps", "20"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    refused = CliRunner().invoke(app, [*args, "--seed", "1"])
+    assert refused.exit_code == 2 and "config.seed was 0, now 1" in refused.output
+    assert CliRunner().invoke(app, [*args, "--seed", "1", "--restart"]).exit_code == 0
+    assert read_config(out)["config"]["seed"] == 1
