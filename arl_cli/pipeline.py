@@ -45,6 +45,17 @@ def _environment() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
+def _safe_dataset_name(name: str) -> None:
+    """Exit 2 naming the problem when ``name`` is not a dataset path inside the data repository."""
+    from tasks.data import UnsafeDatasetPath, check_dataset_path
+
+    try:
+        check_dataset_path(name)
+    except UnsafeDatasetPath as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command("run")
 def run_cmd(
     task: Annotated[
@@ -88,6 +99,8 @@ def run_cmd(
     ] = False,
 ) -> None:
     """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> offline RL -> fine-tuning -> [EWC] -> evaluate -> register -> gate."""
+    if dataset is not None:
+        _safe_dataset_name(dataset)
     _environment()
     from flows.ingest import ingest_flow
     from flows.offline_to_online import offline_to_online_flow
@@ -237,14 +250,9 @@ def push_cmd(
 ) -> None:
     """Version a dataset with DVC, push it to the remote and announce it (event ``arl.dataset.pushed``)."""
     _environment()
-    from tasks.data import UnsafeDatasetPath, check_dataset_path
     from tasks.versioning import ensure_repo
 
-    try:
-        check_dataset_path(name or path.resolve().name)
-    except UnsafeDatasetPath as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+    _safe_dataset_name(name or path.resolve().name)
     if validate:
         validate_cmd(path)
     paths = _paths()

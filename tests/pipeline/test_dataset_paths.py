@@ -70,3 +70,10 @@ def test_push_with_a_traversal_name_deletes_nothing(good_dataset: Path, tmp_path
     assert res.exit_code == 2 and "'..' is not allowed" in res.output
     assert (victim / "keep.txt").read_text() == "precious"
     assert not repo.exists()
+
+
+def test_pipeline_run_refuses_a_traversal_dataset_before_starting() -> None:
+    from arl_cli.main import app
+
+    res = CliRunner().invoke(app, ["pipeline", "run", "--dataset", "../../victim"])
+    assert res.exit_code == 2 and "'..' is not allowed" in res.output
