@@ -213,8 +213,10 @@ def _history(from_dir: Path) -> dict[str, float]:
     return dict(read_config(from_dir).get("continual", {}).get("best_scores", {}))
 
 
-def _report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -> dict[str, Any]:
-    """Scores on every version, forgetting on the earlier ones, against the chain's best earlier scores.
+def forgetting_report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -> dict[str, Any]:
+    """Scores of ``final`` on every version and its forgetting on the earlier ones, against the best
+    earlier scores of the chain ``start`` continues (any policy checkpoint can be ``final``: the EWC
+    branch's, or a stage that trained on the new version alone).
 
     Both ends are scored by the policy they hand over (``handed_over``: a fine-tuning stage's ``best/``),
     so forgetting is measured against what was served, while training continued from the last weights."""
@@ -263,12 +265,12 @@ def train_continual(
     infos = [read_dataset(p)[1] for p in [*prev, data]]
     final = _train_branch(from_dir, data, out, prev, config, True, sink, progress, infos)
     report: dict[str, Any] = {"config": asdict(config), "from": str(from_dir), "data": str(data), "previous": [str(p) for p in prev]}
-    report["ewc"] = _report(from_dir, final, infos, config.eval_episodes)
+    report["ewc"] = forgetting_report(from_dir, final, infos, config.eval_episodes)
     _write_chain_record(final, report["ewc"], [*prev, data])
     if config.baseline:
         nstart = Path(naive_from) if naive_from else from_dir
         nfinal = _train_branch(nstart, data, out / "naive", prev, config, False, None, progress, infos)
-        report["naive"] = _report(nstart, nfinal, infos, config.eval_episodes)
+        report["naive"] = forgetting_report(nstart, nfinal, infos, config.eval_episodes)
         _write_chain_record(nfinal, report["naive"], [*prev, data])
         nf = report["naive"]["mean_forgetting"]
         report["forgetting_ratio"] = report["ewc"]["mean_forgetting"] / nf if nf > 0 else None

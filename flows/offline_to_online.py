@@ -21,12 +21,35 @@ from flows.params import (
     GateConfig,
     TrainingConfig,
 )
-from tasks.continual import earlier_versions
+from tasks.continual import choose_candidate, earlier_versions, measure_forgetting
 from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
 from tasks.runs import finish_pipeline_run, start_pipeline_run, validate_in_run
 from tasks.settings import artifact_location, git_commit, state_paths
 from tasks.train import record_reused_stage, train_stage
+
+
+def _retrain_candidate(
+    stage: Any, stages: list[dict], start: dict, data: dict, gate: GateConfig, notes: list[str]
+) -> tuple[dict, float]:
+    """Stage 4 (``stage``; None: skipped after a stage diverged) on a version the champion has not learned,
+    and the policy the gate then judges (:func:`tasks.continual.choose_candidate`): EWC's when it forgets
+    within the bound, else the best of it and the last of stages 1-3 by new-version score among those that
+    do. Returns it and its forgetting, which is measured whichever it is."""
+    extra = {"previous": start["previous"], "forgetting_episodes": gate.eval_episodes}
+    ewc = stage("ewc", 4, init_from=start, **extra) if stage is not None else None
+    options = []
+    if ewc is not None:
+        stages.append(ewc)
+        m = ewc["metrics"]
+        options.append({"stage": "ewc", "forgetting": m["continual/ewc_mean_forgetting"], "new_score": m["continual/ewc_new_score"]})
+    last = stages[-2] if ewc is not None else stages[-1]
+    if ewc is None or options[0]["forgetting"] > gate.max_forgetting:
+        options.append(measure_forgetting(last["stage"], last["checkpoint"], start, data["dir"], gate.eval_episodes))
+    chosen, why = choose_candidate(options, gate.max_forgetting)
+    notes.append(why)
+    pick = next(s for s in stages if s["stage"] == chosen)
+    return pick, next(o["forgetting"] for o in options if o["stage"] == chosen)
 
 
 def _stage(
@@ -97,24 +120,37 @@ def offline_to_online_flow(
         validation = validate_in_run(data["dir"], run_id, uri)
         runs = str(paths.runs)
 
-        def stage(name: str, n: int, init_from: dict | None = None, **extra: Any) -> dict[str, Any]:
+        from arl_models.train import TrainingDiverged
+
+        notes: list[str] = []
+
+        def stage(name: str, n: int, init_from: dict | None = None, **extra: Any) -> dict[str, Any] | None:
+            """The stage's result; None when it diverged (the run goes on with what it has, and says so)."""
             nonlocal failed_stage
             failed_stage = name
             settings = training.stage_settings(name) | extra
-            return _stage(name, n, data, settings, run_id, uri, runs, refresh_cache, init_from)
+            try:
+                return _stage(name, n, data, settings, run_id, uri, runs, refresh_cache, init_from)
+            except TrainingDiverged as e:
+                if name == "bc":
+                    raise
+                logger.warning("stage %s diverged: %s", name, e)
+                notes.append(f"stage {name} diverged ({e})")
+                return None
 
-        bc = stage("bc", 1)
-        stages = [bc, stage("offline", 2, init_from=bc)]
-        if training.finetune_steps != 0:
-            stages.append(stage("finetune", 3, init_from=stages[-1]))
+        stages = [stage("bc", 1)]
+        for name, n, wanted in (("offline", 2, True), ("finetune", 3, training.finetune_steps != 0)):
+            done = stage(name, n, init_from=stages[-1]) if wanted and not notes else None
+            stages += [done] if done else []
+        diverged = bool(notes)
+        final, forgetting = stages[-1], None
         if training.continual_steps != 0:
             failed_stage = "ewc"
-            repo = data["repo"]
-            start = earlier_versions(model_name, data, repo, runs, uri)
+            start = earlier_versions(model_name, data, data["repo"], runs, uri)
             if start is not None:
-                extra = {"previous": start["previous"], "forgetting_episodes": gate.eval_episodes}
-                stages.append(stage("ewc", 4, init_from=start, **extra))
-        final = stages[-1]
+                final, forgetting = _retrain_candidate(stage if not diverged else None, stages, start, data, gate, notes)
+        if diverged:
+            notes.append(f"the gate judges {final['stage']}")
         failed_stage = "evaluate"
         evaluation = evaluate_policy(
             final["checkpoint"], final["stage"], run_id, uri, gate.eval_episodes, gate.eval_seed
@@ -126,13 +162,13 @@ def offline_to_online_flow(
             "score": evaluation["score"],
             "references": evaluation["references"],
             "mean_cost": evaluation["mean_cost"],
-            "forgetting": final["metrics"].get("continual/ewc_mean_forgetting"),
+            "forgetting": forgetting,
             "data_validated": bool(validation.get("validated")),
         }
         budget = gate.cost_budget if gate.cost_budget is not None else evaluation["cost_budget"]
         decision = promote_policy(
             model_name,
-            versions[-1]["version"],
+            versions[stages.index(final)]["version"],
             candidate,
             tolerance=gate.tolerance,
             cost_budget=budget,
@@ -142,6 +178,7 @@ def offline_to_online_flow(
             scored_as={
                 "policy": evaluation["policy"], "episodes": gate.eval_episodes, "seed": gate.eval_seed, "runs_dir": runs,
             },
+            note="; ".join(notes),
         )
     except BaseException as e:
         logger.error("pipeline failed in stage %s: %s", failed_stage, e)
@@ -156,7 +193,7 @@ def offline_to_online_flow(
         metrics={
             "score": evaluation["score"],
             "mean_cost": evaluation["mean_cost"],
-            "bc/normalized_score": bc["metrics"].get("eval/normalized_score", float("nan")),
+            "bc/normalized_score": stages[0]["metrics"].get("eval/normalized_score", float("nan")),
         },
     )
     logger.info(

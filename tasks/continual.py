@@ -88,3 +88,36 @@ def earlier_versions(
         "chain": chain,
         "previous": previous,
     }
+
+
+@task(name="measure_forgetting", retries=0, task_run_name="forgetting of {stage}")
+def measure_forgetting(stage: str, checkpoint: str, start: dict[str, Any], data_dir: str, episodes: int) -> dict[str, Any]:
+    """``stage``'s policy scored on every version of ``start``'s chain and on the new one: its mean forgetting
+    against the chain's best scores, and its score on the new version (as the EWC stage measures its own)."""
+    from arl_models.continual import forgetting_report
+    from arl_models.data.dataset import read_info
+
+    infos = [read_info(p) for p in [*start["previous"], data_dir]]
+    r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes)
+    get_run_logger().info("%s forgets %.2f on average (%s); new version: %.2f", stage, r["mean_forgetting"],
+                          ", ".join(f"{k} {v:.1f}" for k, v in r["forgetting"].items()), r["new_score"])
+    return {"stage": stage, "forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
+
+
+def choose_candidate(options: list[dict[str, Any]], max_forgetting: float) -> tuple[str, str]:
+    """Which policy a retraining run hands the gate, and why, in words.
+
+    ``options``: ``{stage, forgetting, new_score}`` with the continual (EWC) policy first when it trained.
+    The rule: the EWC policy when it forgets at most ``max_forgetting``; else, of the options that do, the
+    one scoring best on the new version; else the first option, which the gate then refuses for its
+    forgetting."""
+    first = options[0]
+    within = [o for o in options if o["forgetting"] <= max_forgetting]
+    described = "; ".join(f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} on the new version"
+                          for o in options)
+    if first["stage"] == "ewc" and first in within:
+        return "ewc", f"candidate ewc: it forgets {first['forgetting']:.4g}, within the bound {max_forgetting:g}"
+    if within:
+        best = max(within, key=lambda o: o["new_score"])
+        return best["stage"], f"candidate {best['stage']}: the best new-version score within the forgetting bound {max_forgetting:g} ({described})"
+    return first["stage"], f"candidate {first['stage']}: no policy forgets within the bound {max_forgetting:g} ({described})"

@@ -159,11 +159,13 @@ def promote_policy(
     parent_run_id: str,
     tracking_uri: str,
     scored_as: dict[str, Any] | None = None,
+    note: str = "",
 ) -> dict[str, Any]:
     """The promotion gate: ``champion`` or ``challenger`` with the reason; recorded on the parent run too.
 
     ``scored_as``: how the candidate was scored (``policy``, ``episodes``, ``seed``, ``runs_dir``), so that a
-    champion scored against other references is scored again the same way before the two are compared."""
+    champion scored against other references is scored again the same way before the two are compared.
+    ``note``: how the run chose its candidate (a diverged stage, the retraining rule), put before the reason."""
     logger = get_run_logger()
     decision = registry.promote(
         model_name,
@@ -174,6 +176,7 @@ def promote_policy(
         max_forgetting=max_forgetting,
         tracking_uri=tracking_uri,
         rescore=_rescorer(model_name, candidate, scored_as, tracking_uri) if scored_as else None,
+        note=note,
     )
     alias = registry.CHAMPION if decision.promote else registry.CHALLENGER
     c = tracking.client(tracking_uri)

@@ -293,6 +293,7 @@ def promote(
     max_forgetting: float,
     tracking_uri: str | None = None,
     rescore: Callable[[str], Mapping[str, Any]] | None = None,
+    note: str = "",
 ) -> Decision:
     """Gate ``version`` against the current champion and the lineage's best; set alias ``champion`` or
     ``challenger``; tag the reason. Reading the champion, deciding and moving the alias happen under
@@ -301,17 +302,18 @@ def promote(
     ``rescore(champion_version)``, where given, scores the champion the way the candidate was scored (its
     task version, references, episodes and seed): the gate then compares the two on that one scale when
     the champion's recorded score was computed against other references (another data version's, say)
-    or is missing."""
+    or is missing. ``note`` (how the candidate was chosen) goes before the reason."""
     with gate_lock(model_name):
         current = alias_version(model_name, CHAMPION, tracking_uri=tracking_uri)
         if current == version:
             return Decision(True, f"version {version} is already the champion", current)
-        champion, note = _champion(model_name, current, candidate, rescore, tracking_uri)
+        champion, rescored = _champion(model_name, current, candidate, rescore, tracking_uri)
         decision = promotion_decision(
             candidate, champion, tolerance=tolerance, cost_budget=cost_budget, max_forgetting=max_forgetting,
             lineage_best=lineage_best(model_name, candidate.get(REFERENCES), tracking_uri=tracking_uri),
         )
-        decision = Decision(decision.promote, decision.reason + note, current)
+        reason = decision.reason + rescored
+        decision = Decision(decision.promote, f"{note}: {reason}" if note else reason, current)
         _record(model_name, version, candidate, decision, tracking_uri)
         return decision
 

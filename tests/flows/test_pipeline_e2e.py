@@ -6,6 +6,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flow_data import GATE, TINY
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "arl-safe-pendulum"
 
 
-def _run(version: dict, seed: int = 0, training: dict | None = None, **gate: float):
+def _run(version: dict, seed: int = 0, training: dict | None = None, **gate: Any):
     return offline_to_online_flow(
         DatasetRef(path=version["path"], version=version["md5"]),
         TrainingConfig(seed=seed, **{**TINY, **(training or {})}),
@@ -242,7 +243,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
         IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="second"),
         emit_event=False,
     )
-    result = _run(new, training={"rehearsal": 0.5})
+    result = _run(new, training={"rehearsal": 0.5}, max_forgetting=1e9)
 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
     assert list(result["stages"]) == ["bc", "offline", "finetune", "ewc"]
@@ -256,9 +257,10 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     assert run.data.params["init_from"] == c.get_run(champion.run_id).data.params["checkpoint"]
     assert "continual/ewc_new_score" in run.data.metrics
 
-    # the gate judged the EWC policy, forgetting included; its chain names every version it learned
+    # within the forgetting bound, the gate judged the EWC policy, forgetting included; its chain names
+    # every version it learned
     mv = c.get_model_version(MODEL, result["decision"]["version"])
-    assert mv.tags["arl.stage"] == "ewc"
+    assert mv.tags["arl.stage"] == "ewc" and result["decision"]["reason"].startswith("candidate ewc: it forgets")
     assert json.loads(mv.tags["arl.dataset_chain"]) == [*chain_before, {"path": "second", "md5": new["md5"]}]
     assert float(mv.tags["arl.gate.forgetting"]) == forgetting
 
@@ -275,5 +277,57 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     assert (copy / "config.json").read_text() == (local / "config.json").read_text()
 
     # the same version again: stage 4 runs only if the champion has not learned it
-    again = _run(new, seed=1)
+    again = _run(new, seed=1, max_forgetting=1e9)
     assert ("ewc" in again["stages"]) is not result["decision"]["promoted"]
+
+
+def test_a_retraining_run_hands_the_gate_the_candidate_its_rule_names(demo_version: dict, tmp_path: Path) -> None:
+    """With no forgetting allowed, EWC's policy gives way unless it forgets nothing; whichever the rule
+    names is the version gated, with the forgetting measured for it."""
+    from flow_data import write_pendulum
+
+    from flows.ingest import ingest_flow
+    from flows.params import IngestSource
+
+    if registry.alias_version(MODEL, "champion", tracking_uri=_uri()) is None:
+        _run(demo_version)
+    src = write_pendulum(tmp_path / "third", seed=9)
+    new = ingest_flow(
+        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="third"),
+        emit_event=False,
+    )
+    result = _run(new, max_forgetting=0.0)
+    reason = result["decision"]["reason"]
+    mv = tracking.client(_uri()).get_model_version(MODEL, result["decision"]["version"])
+    chosen = mv.tags["arl.stage"]
+    assert reason.startswith(f"candidate {chosen}: ") and "ewc" in result["stages"]
+    ewc_forgetting = result["stages"]["ewc"]["metrics"]["continual/ewc_mean_forgetting"]
+    if ewc_forgetting > 0:
+        assert f"ewc forgets {ewc_forgetting:.4g}" in reason and "finetune forgets" in reason
+    if chosen != "ewc":  # it forgets nothing, as measured, and that is what the gate read
+        assert chosen == "finetune" and float(mv.tags["arl.gate.forgetting"]) <= 0.0
+    else:
+        assert float(mv.tags["arl.gate.forgetting"]) == ewc_forgetting
+
+
+def test_a_diverging_stage_hands_the_gate_the_last_good_policy(demo_version: dict, tmp_path: Path) -> None:
+    """Rewards of 1e12 are finite (they pass validation) but run stage 2's critic away at once: the run
+    stops training, registers only what was good, and gates BC's policy, saying why."""
+    from flow_data import write_pendulum
+
+    from flows.ingest import ingest_flow
+    from flows.params import IngestSource
+
+    src = write_pendulum(tmp_path / "huge", reward_scale=1e12)
+    new = ingest_flow(
+        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="huge-rewards"),
+        emit_event=False,
+    )
+    result = _run(new, model_name="arl-diverging")
+    assert list(result["stages"]) == ["bc"]
+    assert [v["stage"] for v in result["versions"]] == ["bc"]
+    reason = result["decision"]["reason"]
+    assert reason.startswith("stage offline diverged (") and "loss_critic" in reason
+    assert "the gate judges bc: " in reason
+    offline = _children(result["run_id"])["offline"]
+    assert offline.info.status == "FAILED"
