@@ -350,19 +350,23 @@ def _tracking_uri() -> str:
 COMPARE_ROWS = (
     ("status", lambda r: r.info.status),
     ("started", lambda r: _when(r.info.start_time)),
-    ("dataset", lambda r: r.data.tags.get("arl.dataset.md5", "")[:12]),
+    ("dataset", lambda r: f"{r.data.tags.get('arl.dataset.path', '?')}@{r.data.tags.get('arl.dataset.md5', '')[:8]}"),
     ("preset", lambda r: r.data.params.get("training.preset", "")),
     ("seed", lambda r: r.data.params.get("training.seed", "")),
     ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
-    ("offline algo", lambda r: r.data.params.get("training.offline_algo", "")),
+    ("offline algo", lambda r: r.data.params.get("training.offline_algo", "").replace("None", "(preset's)")),
     ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
-    ("bc score", lambda r: _num(r.data.metrics.get("bc/normalized_score"))),
-    ("score", lambda r: _num(r.data.metrics.get("score"))),
-    ("mean cost", lambda r: _num(r.data.metrics.get("mean_cost"))),
+    *((f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))
+      for stage in ("bc", "offline", "finetune", "ewc") for what, key in (("score", "score"), ("cost", "cost"))),
+    ("gated score", lambda r: _num(r.data.metrics.get("score"))),
+    ("gated mean cost", lambda r: _num(r.data.metrics.get("mean_cost"))),
+    ("gated forgetting", lambda r: _num(r.data.metrics.get("forgetting"))),
     ("model", lambda r: r.data.tags.get("arl.model", "")),
     ("verdict", lambda r: r.data.tags.get("arl.promotion", r.data.tags.get("arl.failed_stage", ""))),
-    ("reason", lambda r: r.data.tags.get("arl.promotion.reason", r.data.tags.get("arl.error", ""))[:80]),
+    ("reason", lambda r: r.data.tags.get("arl.promotion.reason", r.data.tags.get("arl.error", ""))),
 )
+"""Rows of ``arl compare``: stage scores are normalised where the data has reference returns (else empty,
+and the gate's score is the mean return)."""
 
 
 def _num(v: float | None) -> str:
@@ -402,4 +406,7 @@ def compare_table(
     table.add_row("run id", *[r.info.run_id[:12] for r in runs])
     for label, get in COMPARE_ROWS:
         table.add_row(label, *[str(get(r)) for r in runs])
+    per_version = sorted({k for r in runs for k in r.data.metrics if k.startswith("ewc/forgetting/")})
+    for k in per_version:
+        table.add_row(f"forgetting {k.removeprefix('ewc/forgetting/')}", *[_num(r.data.metrics.get(k)) for r in runs])
     return table

@@ -21,10 +21,11 @@ from flows.params import (
     GateConfig,
     TrainingConfig,
 )
+from tasks import tracking
 from tasks.continual import choose_candidate, earlier_versions, measure_forgetting
 from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
-from tasks.runs import finish_pipeline_run, start_pipeline_run, validate_in_run
+from tasks.runs import continual_report, finish_pipeline_run, run_summary, start_pipeline_run, validate_in_run
 from tasks.settings import artifact_location, git_commit, state_paths
 from tasks.train import record_reused_stage, train_stage
 
@@ -108,6 +109,7 @@ def offline_to_online_flow(
         tags={
             "arl.task": task_name,
             "arl.dataset.md5": data["md5"],
+            "arl.dataset.path": data["path"],
             "arl.git_commit": commit,
             "arl.prefect.flow_run_id": str(flow_run.get_id() or ""),
             "arl.preset": training.preset,
@@ -186,16 +188,10 @@ def offline_to_online_flow(
             run_id, "FAILED", uri, tags={"arl.failed_stage": failed_stage, "arl.error": str(e)}
         )
         raise
-    finish_pipeline_run(
-        run_id,
-        "FINISHED",
-        uri,
-        metrics={
-            "score": evaluation["score"],
-            "mean_cost": evaluation["mean_cost"],
-            "bc/normalized_score": stages[0]["metrics"].get("eval/normalized_score", float("nan")),
-        },
-    )
+    report = continual_report(stages[-1])
+    if report:
+        tracking.log_forgetting_plot(run_id, report, tracking_uri=uri)
+    finish_pipeline_run(run_id, "FINISHED", uri, metrics=run_summary(stages, evaluation, forgetting))
     logger.info(
         "%s version %s is %s: %s", model_name, decision["version"], decision["alias"], decision["reason"]
     )

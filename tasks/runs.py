@@ -123,3 +123,31 @@ def finish_pipeline_run(
         tags=[RunTag(k, str(v)[:5000]) for k, v in (tags or {}).items()],
     )
     tracking.end_run(run_id, status, tracking_uri=tracking_uri)
+
+
+def run_summary(stages: list[dict[str, Any]], evaluation: dict[str, Any], forgetting: float | None) -> dict[str, float]:
+    """The parent run's metrics: the gated policy's ``score``, ``mean_cost`` and ``forgetting``; each stage's
+    last evaluation (``<stage>/score``, ``/return``, ``/cost``, where the stage evaluated), EWC's score on the
+    new version and its forgetting per earlier version (``ewc/forgetting/<task>-<version>``)."""
+    out = {"score": float(evaluation["score"]), "mean_cost": float(evaluation["mean_cost"])}
+    if forgetting is not None:
+        out["forgetting"] = float(forgetting)
+    for s in stages:
+        m = s["metrics"]
+        for key, name in (("eval/normalized_score", "score"), ("eval/return", "return"), ("eval/cost", "cost")):
+            if key in m:
+                out[f"{s['stage']}/{name}"] = float(m[key])
+        report = continual_report(s)
+        if report:
+            out["ewc/score"] = float(report["new_score"])
+        out |= {f"ewc/forgetting/{v.replace('@', '-')}": float(f) for v, f in report.get("forgetting", {}).items()}
+    return out
+
+
+def continual_report(stage: dict[str, Any]) -> dict[str, Any]:
+    """The EWC stage's report of scores and forgetting per version (``continual.json``), or empty."""
+    import json
+    from pathlib import Path
+
+    f = Path(stage["checkpoint"]) / "continual.json"
+    return json.loads(f.read_text())["ewc"] if stage["stage"] == "ewc" and f.is_file() else {}

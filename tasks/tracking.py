@@ -211,6 +211,37 @@ def plot_learning_curve(
     return png
 
 
+def log_forgetting_plot(run_id: str, report: dict[str, Any], *, tracking_uri: str | None = None) -> str:
+    """Bars per data version: the chain's best earlier score, the start's and the continued policy's; logs
+    ``plots/forgetting.png`` on ``run_id`` and returns its artifact path."""
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    versions = list(report["scores"])
+    bars = {"best earlier": [report["best_earlier"].get(v, np.nan) for v in versions],
+            "start": [report["start_scores"][v] for v in versions], "after EWC": [report["scores"][v] for v in versions]}
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    x = np.arange(len(versions))
+    for i, (label, values) in enumerate(bars.items()):
+        ax.bar(x + (i - 1) * 0.27, values, width=0.27, label=label)
+    ax.set_xticks(x, versions, fontsize=8)
+    ax.set_ylabel("score")
+    ax.set_title(f"mean forgetting {report['mean_forgetting']:.2f} on the earlier versions", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = Path(tmp) / "forgetting.png"
+        fig.savefig(png)
+        plt.close(fig)
+        client(tracking_uri).log_artifact(run_id, str(png), artifact_path="plots")
+    return "plots/forgetting.png"
+
+
 def log_learning_curve(
     run_id: str,
     metrics_jsonl: str | Path,

@@ -243,7 +243,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
         IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="second"),
         emit_event=False,
     )
-    result = _run(new, training={"rehearsal": 0.5}, max_forgetting=1e9)
+    result = _run(new, training={"rehearsal": 0.5, "eval_episodes": 2}, max_forgetting=1e9)
 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
     assert list(result["stages"]) == ["bc", "offline", "finetune", "ewc"]
@@ -263,6 +263,22 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     assert mv.tags["arl.stage"] == "ewc" and result["decision"]["reason"].startswith("candidate ewc: it forgets")
     assert json.loads(mv.tags["arl.dataset_chain"]) == [*chain_before, {"path": "second", "md5": new["md5"]}]
     assert float(mv.tags["arl.gate.forgetting"]) == forgetting
+
+    # the parent run says at a glance what each stage scored, what the gated policy forgot, per version
+    parent = c.get_run(result["run_id"])
+    assert {"bc/score", "offline/score", "finetune/cost", "ewc/score", "score", "forgetting"} <= set(parent.data.metrics)
+    assert parent.data.metrics["forgetting"] == forgetting
+    assert any(k.startswith("ewc/forgetting/safe-pendulum-") for k in parent.data.metrics)
+    assert "plots/forgetting.png" in {a.path for a in c.list_artifacts(result["run_id"], "plots")}
+    from rich.console import Console
+
+    from arl_cli.pipeline import compare_table
+
+    console = Console(width=400, record=True)
+    console.print(compare_table("safe-pendulum", limit=1, tracking_uri=_uri()))
+    text = console.export_text()
+    assert f"second@{new['md5'][:8]}" in text and "ewc score" in text and "forgetting safe-pendulum-" in text
+    assert result["decision"]["reason"][-40:] in text.replace("\n", "")
 
     # on another machine (no local checkpoint) stage 4 starts from the registry's copy
     from tasks.continual import _local_checkpoint
