@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,12 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
     snapshots: list[dict[str, Any]] = []
     random_eval = evaluate(lambda o: scaler.unnormalize(rng.uniform(-1, 1, (len(o), env_rec["action_dim"]))), spec, 10, seed=seed + 1)
     current_hash = RANDOM_POLICY_HASH
+    print(f"training the behaviour SAC of {spec.key} first: {cfg.steps:,} environment steps, one gradient step each "
+          f"after {cfg.learning_starts:,}; cached in {out}, so other qualities reuse it", flush=True)
+    start, tenth = time.perf_counter(), max(cfg.steps // 10, 1)
     for t in tqdm(range(1, cfg.steps + 1), desc=f"behaviour SAC {spec.key}", disable=not progress, unit="step"):
+        if not progress and t % tenth == 0:
+            _report_progress(t, cfg.steps, time.perf_counter() - start)
         if t <= cfg.learning_starts:
             a_n = rng.uniform(-1.0, 1.0, env_rec["action_dim"]).astype(np.float32)
         else:
@@ -124,6 +130,11 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
                               "objective": cfg.objective(res.mean_return, res.mean_cost)})
     env.close()
     return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg)
+
+
+def _report_progress(done: int, total: int, elapsed: float) -> None:
+    left = elapsed / done * (total - done)
+    print(f"behaviour SAC: {done:,}/{total:,} steps in {elapsed / 60:.1f} min, about {left / 60:.1f} min left", flush=True)
 
 
 def _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg) -> Path:
