@@ -183,14 +183,18 @@ def _require_valid(data: Path) -> None:
         _fail(f"the dataset failed validation; nothing was trained.\n{report.summary()}")
 
 
-def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, **kw) -> None:
+def _train_common(
+    stage: str, data: Path, out: Path, preset: str, seed: int, steps: int | None, threads: int | None = None, **kw
+) -> None:
     from functools import partial
 
     from arl_models.data import DatasetError
     from arl_models.offline import train_bc, train_offline_algo
+    from arl_models.presets import apply_threads
     from arl_models.train import TrainingDiverged
 
     _require_valid(data)
+    apply_threads(preset, threads)
     fn = train_bc if stage == "bc" else partial(train_offline_algo, stage)
     try:
         final = fn(data, out, preset=preset, seed=seed, steps=steps, **kw)
@@ -202,6 +206,7 @@ def _train_common(stage: str, data: Path, out: Path, preset: str, seed: int, ste
 Data = Annotated[Path, typer.Option("--data", "-d", help="Dataset directory; refused unless it passes the expectation suites (arl data validate).")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="Checkpoint directory; one holding a run of the same settings and data is resumed, one of others refused.")]
 Restart = Annotated[bool, typer.Option("--restart", help="Discard the checkpoint in --out and train from scratch.")]
+Threads = Annotated[int | None, typer.Option(help="torch threads of the learner (default: the preset's, 1).")]
 Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
 Steps = Annotated[int | None, typer.Option(help="Gradient steps (preset default if unset).")]
 ContextDim = Annotated[int | None, typer.Option(
@@ -222,17 +227,17 @@ def train_bc_cmd(
     policy: Annotated[str | None, typer.Option(
         help="gaussian (likelihood, actions at the bounds censored) | deterministic (squared error); "
              "default: the preset's.")] = None, context_dim: ContextDim = None,
-    context_lr_scale: ContextLrScale = None, restart: Restart = False,
+    context_lr_scale: ContextLrScale = None, restart: Restart = False, threads: Threads = None,
 ) -> None:
     """Behaviour cloning (stage 1)."""
     cfg = _preset_config("bc", preset, policy=policy, context_lr_scale=context_lr_scale)
-    _train_common("bc", data, out, preset, seed, steps, config=cfg, context_dim=context_dim, restart=restart)
+    _train_common("bc", data, out, preset, seed, steps, config=cfg, context_dim=context_dim, restart=restart, threads=threads)
 
 
 @train_app.command("cql")
 def train_cql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None,
-    init_actor: InitActor = None, constrained: Constrained = True, restart: Restart = False,
+    init_actor: InitActor = None, constrained: Constrained = True, restart: Restart = False, threads: Threads = None,
     context_dim: ContextDim = None, context_lr_scale: ContextLrScale = None,
     conservative_weight: Annotated[float | None, typer.Option(
         help="Weight of the conservative term (default: the preset's, 5). Narrow data, one expert policy, wants "
@@ -241,32 +246,32 @@ def train_cql_cmd(
     """Conservative Q-learning with a cost critic (stage 2)."""
     cfg = _preset_config("cql", preset, context_lr_scale=context_lr_scale, conservative_weight=conservative_weight)
     _train_common("cql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
-                  context_dim=context_dim, config=cfg, restart=restart)
+                  context_dim=context_dim, config=cfg, restart=restart, threads=threads)
 
 
 @train_app.command("td3bc")
 def train_td3bc_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None, init_actor: InitActor = None,
-    constrained: Constrained = True, context_dim: ContextDim = None, restart: Restart = False,
+    constrained: Constrained = True, context_dim: ContextDim = None, restart: Restart = False, threads: Threads = None,
     alpha: Annotated[float | None, typer.Option(help="Weight of the critic against the BC term (default: the preset's).")] = None,
 ) -> None:
     """TD3+BC with a cost critic (stage 2; Fujimoto and Gu 2021)."""
     cfg = _preset_config("td3bc", preset, alpha=alpha)
     _train_common("td3bc", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
-                  context_dim=context_dim, config=cfg, restart=restart)
+                  context_dim=context_dim, config=cfg, restart=restart, threads=threads)
 
 
 @train_app.command("iql")
 def train_iql_cmd(
     data: Data, out: Out, preset: Preset = "demo", seed: Seed = 0, steps: Steps = None, init_actor: InitActor = None,
-    constrained: Constrained = True, context_dim: ContextDim = None, restart: Restart = False,
+    constrained: Constrained = True, context_dim: ContextDim = None, restart: Restart = False, threads: Threads = None,
     expectile: Annotated[float | None, typer.Option(help="Expectile of Q that V learns (default: the preset's).")] = None,
     beta: Annotated[float | None, typer.Option(help="Inverse temperature of the advantage weights (default: the preset's).")] = None,
 ) -> None:
     """Implicit Q-learning with a cost critic (stage 2; Kostrikov et al. 2022)."""
     cfg = _preset_config("iql", preset, expectile=expectile, beta=beta)
     _train_common("iql", data, out, preset, seed, steps, init_actor=init_actor, constrained=constrained,
-                  context_dim=context_dim, config=cfg, restart=restart)
+                  context_dim=context_dim, config=cfg, restart=restart, threads=threads)
 
 
 @train_app.command("offline")
@@ -277,14 +282,16 @@ def train_offline_cmd(
     algo: Annotated[str | None, typer.Option(help="cql | td3bc | iql (default: the preset's, the pipeline's stage 2).")] = None,
     bc_steps: Annotated[int | None, typer.Option(help="BC gradient steps (preset default if unset).")] = None,
     steps: Annotated[int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")] = None,
-    constrained: Constrained = True, restart: Restart = False,
+    constrained: Constrained = True, restart: Restart = False, threads: Threads = None,
 ) -> None:
     """The pipeline's offline half at its defaults: BC, then stage 2's algorithm from it."""
     from arl_models.data import DatasetError
     from arl_models.offline import train_offline
+    from arl_models.presets import apply_threads
     from arl_models.train import TrainingDiverged
 
     _require_valid(data)
+    apply_threads(preset, threads)
     try:
         finals = train_offline(data, out, preset=preset, seed=seed, algo=algo, bc_steps=bc_steps, steps=steps,
                                constrained=constrained, restart=restart)

@@ -85,6 +85,7 @@ def run_cmd(
         typer.Option(help="EWC steps when the champion learned other data versions (preset default; 0 skips)."),
     ] = None,
     eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads of each stage's learner (default: the preset's, 1).")] = None,
     gate_episodes: Annotated[
         int, typer.Option(help="Episodes of the final evaluation (fewer starts decide a mean cost: see GateConfig).")
     ] = 50,
@@ -116,6 +117,7 @@ def run_cmd(
         TrainingConfig(
             preset=preset, seed=seed, bc_steps=bc_steps, offline_algo=offline_algo, offline_steps=offline_steps,
             finetune_steps=finetune_steps, continual_steps=continual_steps, eval_episodes=eval_episodes,
+            threads=threads,
         ),
         GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget, max_forgetting=max_forgetting),
         refresh_cache=refresh,

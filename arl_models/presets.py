@@ -46,6 +46,9 @@ class Preset:
     save_every: int
     eval_every: int
     eval_episodes: int
+    threads: int = 1
+    """torch intra-op threads of a learner: one each, so two learners (or a learner and its environments)
+    fill two cores instead of oversubscribing them (benchmarks/bench_threads.py)."""
 
     def with_seed(self, seed: int) -> Preset:
         return replace(self, bc=replace(self.bc, seed=seed), cql=replace(self.cql, seed=seed),
@@ -101,6 +104,15 @@ PRESETS: dict[str, Preset] = {
         eval_episodes=10,
     ),
 }
+
+
+def apply_threads(preset: str, threads: int | None = None) -> int:
+    """Set this process's torch intra-op threads to ``threads``, or the preset's; returns the number."""
+    import torch
+
+    n = threads or get_preset(preset).threads
+    torch.set_num_threads(n)
+    return n
 
 
 def get_preset(name: str) -> Preset:

@@ -47,6 +47,7 @@ class TrainingConfig(BaseModel):
     eval_episodes: int | None = Field(
         None, ge=0, description="Evaluation episodes during training (empty: the preset's)."
     )
+    threads: int | None = Field(None, gt=0, description="torch threads of each stage's learner (empty: the preset's).")
     constrained: bool = Field(True, description="Hold stage 2's actor to the dataset's cost budget (Lagrangian).")
     finetune_steps: int | None = Field(
         None, ge=0, description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it)."
@@ -87,6 +88,7 @@ class TrainingConfig(BaseModel):
             "steps": steps,
             "eval_episodes": self.eval_episodes,
             "constrained": self.constrained,
+            "threads": self.threads,
         }
         if stage == "offline":
             settings["offline_algo"] = self.offline_algo

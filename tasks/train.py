@@ -24,6 +24,8 @@ from prefect import get_run_logger, task
 from tasks import tracking
 
 STAGES = ("bc", "offline", "finetune", "ewc")
+NOT_IN_KEY = ("threads",)
+"""Settings that change how fast a stage runs, not what it computes: a stage keeps its key with any of them."""
 COMPLETION_KEY = {"ewc": "continual/ewc_mean_forgetting"}
 """A metric a stage writes only once it has finished everything (EWC: after measuring forgetting)."""
 CURVES = {
@@ -70,7 +72,7 @@ def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_k
         {
             "stage": stage,
             "dataset": dataset_md5,
-            "settings": settings,
+            "settings": {k: v for k, v in settings.items() if k not in NOT_IN_KEY},
             "library": library_config(stage, settings["preset"], settings.get("offline_algo")),
             "layout": nets.layout_signature(),
             "upstream": upstream_key,
@@ -225,7 +227,10 @@ def train_stage(
             logger.info("%s: reusing the finished checkpoint %s", stage, out)
             tracking.client(tracking_uri).set_tag(run_id, "arl.reused_checkpoint", "true")
         else:
-            logger.info("%s: training %d steps into %s", stage, steps, out)
+            from arl_models.presets import apply_threads
+
+            threads = apply_threads(settings["preset"], settings.get("threads"))
+            logger.info("%s: training %d steps into %s (%d torch thread%s)", stage, steps, out, threads, "s"[: threads > 1])
             with tracking.MlflowSink(run_id, tracking_uri=tracking_uri, every=10) as sink:
                 final = _train(
                     stage, dataset["dir"], out, settings, (init_from or {}).get("checkpoint"), sink
