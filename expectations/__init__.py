@@ -1,9 +1,11 @@
 """Great Expectations suites for arl datasets, kept as data (JSON) beside this loader.
 
-Two suites: ``metadata`` (the data-version columns every row carries) and ``transitions`` (finite
-numbers, actions inside the action space, boolean flags, contiguous episodes). Several expectations
-look at *derived* columns (``obs_finite``, ``episode_runs``...) that ``tasks.validate`` computes with
-numpy before validation; each suite's ``meta`` documents them.
+Two suites: ``metadata`` (the data-version columns every row carries) and ``transitions`` (the file's
+schema, each row's vector widths, finite numbers, non-negative costs, actions inside the task's action
+space, boolean flags, episodes that start at step 0 and count up by one, a sidecar naming a registered
+task version with that task's spaces). Several expectations look at *derived* columns (``obs_finite``,
+``episode_runs``, ``sidecar_spaces``...) that ``tasks.frames`` computes with numpy before validation;
+each suite's ``meta`` documents them.
 
 Values known only at validation time are suite parameters (``{"$PARAMETER": name}``), passed to GX as
 ``expectation_parameters``: the current time for "not in the future" and the action bounds from
