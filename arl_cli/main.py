@@ -36,10 +36,11 @@ def tasks_cmd() -> None:
     """List the registered tasks, their versions, budgets and dynamics."""
     from arl_models.envs import get_task, task_names, task_versions
 
+    typer.echo(f"{'task@version':28s} {'environment':16s} {'budget':>6s}  dynamics")
     for name in task_names():
         for v in task_versions(name):
             s = get_task(name, v)
-            typer.echo(f"{s.key:28s} {s.env_id:16s} budget {s.cost_budget:5.1f}  {s.description}")
+            typer.echo(f"{s.key:28s} {s.env_id:16s} {s.cost_budget:6.1f}  {s.description}")
 
 
 @data_app.command("generate")
