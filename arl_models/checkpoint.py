@@ -141,7 +141,7 @@ def save_checkpoint(
     with staged_dir(out / TRAIN_STATE) as tmp:
         rng = {"rng.torch": torch.get_rng_state()}
         save_file({**weights, **opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "state.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({"param_groups": groups, "extra": algo.extra_state()}))
+        (tmp / "state.json").write_text(json.dumps({"param_groups": groups, "extra": algo.extra_state(), "record": record}))
     tmp_w = out / f".{WEIGHTS}.tmp"
     save_file(weights, str(tmp_w))
     os.replace(tmp_w, out / WEIGHTS)
@@ -186,8 +186,11 @@ def _get(record: dict[str, Any], key: str) -> Any:
 def check_resumable(out: str | Path, record: dict[str, Any]) -> None:
     """Refuse (:class:`ResumeMismatch`, naming each difference) to resume the run in ``out`` with ``record``
     when they differ in any of :data:`RESUME_KEYS`."""
-    f = Path(out) / CONFIG
-    saved = json.loads(f.read_text()) if f.is_file() else {}
+    state = Path(out) / TRAIN_STATE / "state.json"  # written with the weights it resumes, in one rename
+    saved = json.loads(state.read_text()).get("record") if state.is_file() else None
+    if saved is None:  # a checkpoint written before the record was kept with its train state
+        f = Path(out) / CONFIG
+        saved = json.loads(f.read_text()) if f.is_file() else {}
     record = json.loads(json.dumps(record))  # as it would be saved: tuples become lists
     diffs: list[str] = []
     for key in RESUME_KEYS:

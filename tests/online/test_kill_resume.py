@@ -19,10 +19,14 @@ from arl_models.checkpoint import TRAIN_STATE, WEIGHTS
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = """
 import sys
+from arl_models.algos.cql import CQLConfig
 from arl_models.offline import train_bc, train_offline_algo
 algo, data, out = sys.argv[1:4]
 kw = dict(steps=2000, preset="demo", progress=False, eval_episodes=0, seed=3)
-train_bc(data, out, **kw) if algo == "bc" else train_offline_algo(algo, data, out, **kw)
+if algo == "bc":
+    train_bc(data, out, **kw)
+else:  # small networks: the demo preset's checkpoint cadence, at a fraction of its step time
+    train_offline_algo(algo, data, out, config=CQLConfig(hidden=(16, 16), batch_size=32, n_action_samples=2), **kw)
 """
 FINETUNE = """
 import sys
