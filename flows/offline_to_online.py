@@ -181,6 +181,7 @@ def offline_to_online_flow(
                 "policy": evaluation["policy"], "episodes": gate.eval_episodes, "seed": gate.eval_seed, "runs_dir": runs,
             },
             note="; ".join(notes),
+            siblings=[v["version"] for v, s in zip(versions, stages, strict=True) if s is not final],
         )
     except BaseException as e:
         logger.error("pipeline failed in stage %s: %s", failed_stage, e)

@@ -160,12 +160,15 @@ def promote_policy(
     tracking_uri: str,
     scored_as: dict[str, Any] | None = None,
     note: str = "",
+    siblings: list[str] | None = None,
 ) -> dict[str, Any]:
     """The promotion gate: ``champion`` or ``challenger`` with the reason; recorded on the parent run too.
 
     ``scored_as``: how the candidate was scored (``policy``, ``episodes``, ``seed``, ``runs_dir``), so that a
     champion scored against other references is scored again the same way before the two are compared.
-    ``note``: how the run chose its candidate (a diverged stage, the retraining rule), put before the reason."""
+    ``note``: how the run chose its candidate (a diverged stage, the retraining rule), put before the reason.
+    ``siblings``: the other versions the run registered (its other stages' policies), tagged as not gated, with
+    the candidate's verdict, so that none of them reads as a policy the gate let through."""
     logger = get_run_logger()
     decision = registry.promote(
         model_name,
@@ -186,6 +189,10 @@ def promote_policy(
         "arl.promotion.reason": decision.reason[:5000],
     }.items():
         c.set_tag(parent_run_id, k, v)
+    for other in siblings or []:
+        c.set_model_version_tag(model_name, other, "arl.promotion", "not gated")
+        c.set_model_version_tag(model_name, other, "arl.promotion.reason",
+                                f"a stage policy of the run; the run's candidate, version {version}, was judged {alias}")
     (logger.info if decision.promote else logger.warning)(
         "%s version %s -> %s: %s", model_name, version, alias, decision.reason
     )

@@ -118,6 +118,9 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
     mlflow.set_tracking_uri(_uri())
     version = result["versions"][-1]
     assert version["stage"] == "finetune"
+    for other in result["versions"][:-1]:  # the stages' policies registered beside the candidate are not gated
+        tags = tracking.client(_uri()).get_model_version(MODEL, other["version"]).tags
+        assert tags["arl.promotion"] == "not gated" and f"version {version['version']}" in tags["arl.promotion.reason"]
     served = {v["stage"]: tracking.client(_uri()).get_model_version(MODEL, v["version"]).tags["arl.served_policy"]
               for v in result["versions"]}
     assert served == {"bc": "last", "offline": "last", "finetune": "best"}
