@@ -49,7 +49,8 @@ def last_run(home: Path) -> dict:
 
     c = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     exp = c.get_experiment_by_name("arl-safe-pendulum")
-    run = c.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    run = c.search_runs([exp.experiment_id], filter_string="tags.`arl.task` = 'safe-pendulum'",  # parent runs
+                        order_by=["attributes.start_time DESC"], max_results=1)[0]
     m, t = run.data.metrics, run.data.tags
     return {"score": m.get("score"), "mean_cost": m.get("mean_cost"), "forgetting": m.get("forgetting"),
             "verdict": t.get("arl.promotion"), "reason": t.get("arl.promotion.reason", ""),

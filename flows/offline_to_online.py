@@ -22,7 +22,7 @@ from flows.params import (
     TrainingConfig,
 )
 from tasks import tracking
-from tasks.continual import choose_candidate, earlier_versions, measure_forgetting
+from tasks.continual import choose_candidate, earlier_versions, measure_candidate
 from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
 from tasks.runs import continual_report, finish_pipeline_run, run_summary, start_pipeline_run, validate_in_run
@@ -34,20 +34,22 @@ def _retrain_candidate(
     stage: Any, stages: list[dict], start: dict, data: dict, gate: GateConfig, notes: list[str]
 ) -> tuple[dict, float]:
     """Stage 4 (``stage``; None: skipped after a stage diverged) on a version the champion has not learned,
-    and the policy the gate then judges (:func:`tasks.continual.choose_candidate`): EWC's when it forgets
-    within the bound, else the best of it and the last of stages 1-3 by new-version score among those that
-    do. Returns it and its forgetting, which is measured whichever it is."""
+    and the policy the gate then judges (:func:`tasks.continual.choose_candidate`): of EWC's and the last of
+    stages 1-3, the best new-version score among those within the forgetting bound and the cost budget.
+    Returns it and its forgetting, which is measured whichever it is."""
     extra = {"previous": start["previous"], "forgetting_episodes": gate.eval_episodes}
+    last = stages[-1]
     ewc = stage("ewc", 4, init_from=start, **extra) if stage is not None else None
+    measure = (start, data["dir"], gate.eval_episodes, gate.eval_seed)
     options = []
     if ewc is not None:
         stages.append(ewc)
         m = ewc["metrics"]
-        options.append({"stage": "ewc", "forgetting": m["continual/ewc_mean_forgetting"], "new_score": m["continual/ewc_new_score"]})
-    last = stages[-2] if ewc is not None else stages[-1]
-    if ewc is None or options[0]["forgetting"] > gate.max_forgetting:
-        options.append(measure_forgetting(last["stage"], last["checkpoint"], start, data["dir"], gate.eval_episodes))
-    chosen, why = choose_candidate(options, gate.max_forgetting)
+        known = {"forgetting": m["continual/ewc_mean_forgetting"], "new_score": m["continual/ewc_new_score"]}
+        options.append(measure_candidate("ewc", ewc["checkpoint"], *measure, known=known))
+    options.append(measure_candidate(last["stage"], last["checkpoint"], *measure))
+    budget = gate.cost_budget if gate.cost_budget is not None else options[0]["cost_budget"]
+    chosen, why = choose_candidate(options, gate.max_forgetting, budget)
     notes.append(why)
     pick = next(s for s in stages if s["stage"] == chosen)
     return pick, next(o["forgetting"] for o in options if o["stage"] == chosen)

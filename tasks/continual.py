@@ -90,34 +90,42 @@ def earlier_versions(
     }
 
 
-@task(name="measure_forgetting", retries=0, task_run_name="forgetting of {stage}")
-def measure_forgetting(stage: str, checkpoint: str, start: dict[str, Any], data_dir: str, episodes: int) -> dict[str, Any]:
-    """``stage``'s policy scored on every version of ``start``'s chain and on the new one: its mean forgetting
-    against the chain's best scores, and its score on the new version (as the EWC stage measures its own)."""
-    from arl_models.continual import forgetting_report
+@task(name="measure_candidate", retries=0, task_run_name="measure {stage}")
+def measure_candidate(
+    stage: str, checkpoint: str, start: dict[str, Any], data_dir: str, episodes: int, seed: int,
+    known: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """What the retraining rule weighs for ``stage``'s policy: its mean forgetting on the versions of
+    ``start``'s chain against their best scores and its score on the new version (``known`` when the stage
+    measured them itself, as EWC does), and its mean episode cost on the new version with the gate's
+    episodes and seed."""
+    from arl_models.checkpoint import handed_over
+    from arl_models.continual import forgetting_report, version_key
     from arl_models.data.dataset import read_info
+    from arl_models.offline import evaluate_checkpoint
 
     infos = [read_info(p) for p in [*start["previous"], data_dir]]
-    r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes)
-    get_run_logger().info("%s forgets %.2f on average (%s); new version: %.2f", stage, r["mean_forgetting"],
-                          ", ".join(f"{k} {v:.1f}" for k, v in r["forgetting"].items()), r["new_score"])
-    return {"stage": stage, "forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
+    if known is None:
+        r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes)
+        known = {"forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
+    res = evaluate_checkpoint(handed_over(checkpoint), version_key(infos[-1]), episodes, seed)
+    get_run_logger().info("%s forgets %.2f, scores %.2f on the new version at a mean cost of %.2f (budget %g)",
+                          stage, known["forgetting"], known["new_score"], res.mean_cost, res.cost_budget)
+    return {"stage": stage, **known, "mean_cost": res.mean_cost, "cost_budget": res.cost_budget}
 
 
-def choose_candidate(options: list[dict[str, Any]], max_forgetting: float) -> tuple[str, str]:
+def choose_candidate(options: list[dict[str, Any]], max_forgetting: float, cost_budget: float) -> tuple[str, str]:
     """Which policy a retraining run hands the gate, and why, in words.
 
-    ``options``: ``{stage, forgetting, new_score}`` with the continual (EWC) policy first when it trained.
-    The rule: the EWC policy when it forgets at most ``max_forgetting``; else, of the options that do, the
-    one scoring best on the new version; else the first option, which the gate then refuses for its
-    forgetting."""
-    first = options[0]
-    within = [o for o in options if o["forgetting"] <= max_forgetting]
-    described = "; ".join(f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} on the new version"
-                          for o in options)
-    if first["stage"] == "ewc" and first in within:
-        return "ewc", f"candidate ewc: it forgets {first['forgetting']:.4g}, within the bound {max_forgetting:g}"
-    if within:
-        best = max(within, key=lambda o: o["new_score"])
-        return best["stage"], f"candidate {best['stage']}: the best new-version score within the forgetting bound {max_forgetting:g} ({described})"
-    return first["stage"], f"candidate {first['stage']}: no policy forgets within the bound {max_forgetting:g} ({described})"
+    ``options``: ``{stage, forgetting, new_score, mean_cost}`` with the continual (EWC) policy first when
+    it trained. The rule: of the policies that forget at most ``max_forgetting`` and keep the mean cost
+    within ``cost_budget`` on the new version, the one scoring best there; when none does, the first
+    option, which the gate then refuses with its reasons."""
+    fits = [o for o in options if o["forgetting"] <= max_forgetting and o["mean_cost"] <= cost_budget]
+    described = "; ".join(f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} at cost "
+                          f"{o['mean_cost']:.4g} on the new version" for o in options)
+    bounds = f"the forgetting bound {max_forgetting:g} and the cost budget {cost_budget:g}"
+    if fits:
+        best = max(fits, key=lambda o: o["new_score"])
+        return best["stage"], f"candidate {best['stage']}: the best new-version score within {bounds} ({described})"
+    return options[0]["stage"], f"candidate {options[0]['stage']}: no policy within {bounds} ({described})"

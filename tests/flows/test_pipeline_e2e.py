@@ -260,17 +260,20 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     assert run.data.params["init_from"] == c.get_run(champion.run_id).data.params["checkpoint"]
     assert "continual/ewc_new_score" in run.data.metrics
 
-    # within the forgetting bound, the gate judged the EWC policy, forgetting included; its chain names
-    # every version it learned
-    mv = c.get_model_version(MODEL, result["decision"]["version"])
-    assert mv.tags["arl.stage"] == "ewc" and result["decision"]["reason"].startswith("candidate ewc: it forgets")
+    # the gate judged the candidate the retraining rule named, its forgetting included (within bounds this
+    # wide, the better new-version score of EWC's and fine-tuning's); EWC's chain names every version it learned
+    gated = c.get_model_version(MODEL, result["decision"]["version"])
+    chosen = gated.tags["arl.stage"]
+    assert chosen in ("ewc", "finetune") and result["decision"]["reason"].startswith(f"candidate {chosen}: the best")
+    gated_forgetting = float(gated.tags["arl.gate.forgetting"])
+    assert gated_forgetting == forgetting if chosen == "ewc" else math.isfinite(gated_forgetting)
+    mv = c.get_model_version(MODEL, next(v["version"] for v in result["versions"] if v["stage"] == "ewc"))
     assert json.loads(mv.tags["arl.dataset_chain"]) == [*chain_before, {"path": "second", "md5": new["md5"]}]
-    assert float(mv.tags["arl.gate.forgetting"]) == forgetting
 
     # the parent run says at a glance what each stage scored, what the gated policy forgot, per version
     parent = c.get_run(result["run_id"])
     assert {"bc/score", "offline/score", "finetune/cost", "ewc/score", "score", "forgetting"} <= set(parent.data.metrics)
-    assert parent.data.metrics["forgetting"] == forgetting
+    assert parent.data.metrics["forgetting"] == gated_forgetting
     assert any(k.startswith("ewc/forgetting/safe-pendulum-") for k in parent.data.metrics)
     assert "plots/forgetting.png" in {a.path for a in c.list_artifacts(result["run_id"], "plots")}
     from rich.console import Console
