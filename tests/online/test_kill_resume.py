@@ -35,6 +35,13 @@ src, data, out = sys.argv[1:4]
 cfg = FinetuneConfig(steps=2000, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
 finetune(src, out, data=data, config=cfg, progress=False)
 """
+CONTINUAL = """
+import sys
+from arl_models.continual import ContinualConfig, train_continual
+src, data, previous, out = sys.argv[1:5]
+cfg = ContinualConfig(steps=2000, baseline=False, eval_episodes=2)
+train_continual(src, data, out, previous=[previous], config=cfg, progress=False)
+"""
 
 
 def _run(script: str, *args: str) -> subprocess.Popen:
@@ -76,6 +83,17 @@ def test_offline_stage_killed_resumes_to_the_same_weights(algo, tiny_dataset, tm
     _finish(OFFLINE, algo, str(tiny_dataset), str(tmp_path / "whole"))
     _kill_after_first_checkpoint(OFFLINE, algo, str(tiny_dataset), str(tmp_path / "killed"))
     _finish(OFFLINE, algo, str(tiny_dataset), str(tmp_path / "killed"))
+    _same_weights(tmp_path / "whole", tmp_path / "killed")
+
+
+def test_continual_stage_killed_resumes_to_the_same_weights(tiny_cql, pendulum_data, tmp_path):
+    from tests.online.conftest import write_pendulum_data
+
+    new = str(write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1))
+    args = (str(tiny_cql), new, str(pendulum_data))
+    _finish(CONTINUAL, *args, str(tmp_path / "whole"))
+    _kill_after_first_checkpoint(CONTINUAL, *args, str(tmp_path / "killed"))
+    _finish(CONTINUAL, *args, str(tmp_path / "killed"))
     _same_weights(tmp_path / "whole", tmp_path / "killed")
 
 
