@@ -44,7 +44,7 @@ class SACConfig:
     """The FiLM weights learn at this multiple of their network's learning rate. They start at zero, and
     Adam moves a weight about one learning rate a step, so a plant that needs them at order 1 waits
     thousands of steps at the shared rate while the shared weights rewrite themselves instead (measured
-    on the observed Pendulum line at 1, 10, 30 and 100: benchmarks/README.md). No effect without FiLM."""
+    on the observed Pendulum line at 1, 10, 30 and 100: benchmarks/JOURNAL.md). No effect without FiLM."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
@@ -142,7 +142,7 @@ class SAC:
         with torch.no_grad():
             # A cost is a non-negative penalty, so is its value. Without the floor an actor that
             # minimises Q_c can drag the bootstrapped values below zero, the starts' furthest (measured
-            # on Hopper offline: Q_c(s0) -175 while every cost is 0 or 1; benchmarks/README.md).
+            # on Hopper offline: Q_c(s0) -175 while every cost is 0 or 1; benchmarks/JOURNAL.md).
             qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values.clamp(min=0.0)
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)

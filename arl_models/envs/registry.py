@@ -192,7 +192,7 @@ def _register_builtin() -> None:
     # overload past 1 N m (1 a step at the full 2 N m): a step cost gives the learned cost critic no slope
     # once a policy is past the limit, and fine-tuning then slid into full-torque rounds. The SAC expert
     # pays about 16 an episode, so a budget of 10 binds; the velocity tasks keep Safety-Gymnasium's 25
-    # (benchmarks/README.md, "safe-pendulum's cost" and "The graded effort cost").
+    # (benchmarks/JOURNAL.md, "safe-pendulum's cost" and "The graded effort cost").
     budgets = {"safe-pendulum": 10.0}
     for name, env_id, cost_fn, desc in builtin:
         budget = budgets.get(name, DEFAULT_COST_BUDGET)
