@@ -10,11 +10,15 @@ misspelt or misplaced key fails. They cannot tell whether a chart version rename
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
+import sqlalchemy
 import yaml
+from infra_support import load_all
 
 
 def obj(required=(), **props):
@@ -28,6 +32,7 @@ RESOURCES = obj(requests=ANY_MAP, limits=ANY_MAP)
 PREFECT_IMAGE = obj(["repository", "prefectTag"], repository=STR, prefectTag=STR, pullPolicy=STR)
 BASIC_AUTH_FROM_SECRET = obj(["enabled", "existingSecret"], enabled={"const": True}, existingSecret=STR)
 ENV_LIST = {"type": "array", "items": obj(["name", "value"], name=STR, value={"type": "string"})}
+SECRET_KEYS = obj(["name", "usernameKey", "passwordKey"], name=STR, usernameKey=STR, passwordKey=STR)
 
 SCHEMAS = {
     "prefect-server.yaml": obj(
@@ -86,6 +91,22 @@ SCHEMAS = {
             ["s3"],
             proxiedArtifactStorage={"type": "boolean"},
             s3=obj(["enabled", "bucket"], enabled={"const": True}, bucket=STR, path={"type": "string"}),
+        ),
+        auth=obj(
+            ["enabled", "appName", "existingAdminSecret", "postgres"],
+            enabled={"type": "boolean"},
+            appName=STR,
+            authorizationFunction=STR,
+            defaultPermission={"enum": ["READ", "EDIT", "MANAGE", "NO_PERMISSIONS"]},
+            existingAdminSecret=SECRET_KEYS,
+            postgres=obj(
+                ["enabled", "host", "port", "database", "existingSecret"],
+                enabled={"type": "boolean"},
+                host=STR,
+                port={"type": "integer"},
+                database=STR,
+                existingSecret=SECRET_KEYS,
+            ),
         ),
         extraArgs=obj(["allowedHosts"], allowedHosts=STR),
         extraEnvVars=ANY_MAP,
@@ -152,6 +173,87 @@ def test_mlflow_allowed_hosts_cover_the_in_cluster_name(rendered, settings):
         ","
     )
     assert f"mlflow.{settings['namespace']}.svc.cluster.local:5000" in hosts
+
+
+def _mlflow_values(rendered) -> dict:
+    return yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())
+
+
+def test_mlflow_runs_its_basic_auth_app_with_the_admin_from_a_secret(rendered):
+    auth = _mlflow_values(rendered)["auth"]
+    assert auth["enabled"] is True and auth["appName"] == "basic-auth"  # mlflow server --app-name basic-auth
+    assert auth["existingAdminSecret"] == {
+        "name": "mlflow-auth",
+        "usernameKey": "username",
+        "passwordKey": "password",
+    }
+    # By reference only: the chart would otherwise put these values into a Secret of its own.
+    assert not {"adminUsername", "adminPassword"} & set(auth)
+
+
+def test_mlflow_user_store_is_a_database_of_its_own_on_the_tracking_servers_postgres(rendered):
+    values = _mlflow_values(rendered)
+    users, tracking = values["auth"]["postgres"], values["backendStore"]
+    assert users["enabled"] is True
+    assert (users["host"], users["port"]) == (tracking["postgres"]["host"], tracking["postgres"]["port"])
+    assert users["database"] != tracking["postgres"]["database"]
+    assert users["existingSecret"] == {
+        "name": "mlflow-db",
+        "usernameKey": "username",
+        "passwordKey": "password",
+    }
+    assert not {"user", "password"} & set(users)
+    job = next(d for d in load_all(rendered / "k8s/db-init-job.yaml") if d["kind"] == "Job")
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert f"CREATE DATABASE {users['database']} OWNER mlflow" in script
+
+
+def _mlflow_auth_module(name: str):
+    """A module of mlflow/server/auth loaded from its file: the package's __init__ builds the Flask app."""
+    import mlflow
+
+    path = Path(mlflow.__file__).parent / "server" / "auth" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_mlflow_auth_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _chart_auth_ini(auth: dict, db_user: str, db_password: str, admin: str, admin_password: str) -> str:
+    """The ini file the mlflow chart hands MLFLOW_AUTH_CONFIG_PATH with auth.postgres on: its
+    templates/auth_ini_configmap.yaml (chart 1.11.5, mirrored by hand), after the init container's
+    sed has put the Secrets' values in."""
+    pg = auth["postgres"]
+    driver = f"+{pg['driver']}" if pg.get("driver") else ""
+    server = f"{pg['host']}:{pg['port']}/{pg['database']}"
+    return (
+        "[mlflow]\n"
+        f"default_permission = {auth['defaultPermission']}\n"
+        f"database_uri = postgresql{driver}://{db_user}:{db_password}@{server}\n"
+        f"admin_username = {admin}\nadmin_password = {admin_password}\n"
+        f"authorization_function = {auth['authorizationFunction']}\n"
+    )
+
+
+def test_mlflow_reads_the_auth_config_the_chart_writes(rendered, tmp_path, monkeypatch):
+    config, permissions = _mlflow_auth_module("config"), _mlflow_auth_module("permissions")
+    auth = _mlflow_values(rendered)["auth"]
+    ini = tmp_path / "basic_auth.ini"
+    ini.write_text(_chart_auth_ini(auth, "mlflow", "0123abcd" * 6, "arl", "fedc3210" * 6))
+    monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(ini))
+    monkeypatch.delenv("MLFLOW_AUTH_ADMIN_USERNAME", raising=False)
+    monkeypatch.delenv("MLFLOW_AUTH_ADMIN_PASSWORD", raising=False)
+    read = config.read_auth_config()
+    assert permissions.get_permission(read.default_permission) == permissions.NO_PERMISSIONS
+    assert read.authorization_function == config.DEFAULT_AUTHORIZATION_FUNCTION
+    assert (read.admin_username, read.admin_password) == ("arl", "fedc3210" * 6)
+    url = sqlalchemy.engine.make_url(read.database_uri)
+    assert url.get_backend_name() == "postgresql"
+    assert (url.host, url.port, url.database) == (
+        auth["postgres"]["host"],
+        auth["postgres"]["port"],
+        auth["postgres"]["database"],
+    )
 
 
 def _server_env(rendered) -> dict[str, str]:
