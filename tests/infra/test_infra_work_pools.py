@@ -61,6 +61,23 @@ def _job(template: dict, values: dict) -> dict:
     return manifest
 
 
+def _mlflow_login(rendered) -> dict[str, dict]:
+    """The secretKeyRef each MLflow credential must come from: the Secret of the server's admin."""
+    admin = yaml.safe_load((rendered / "helm/mlflow.yaml").read_text())["auth"]["existingAdminSecret"]
+    return {
+        "MLFLOW_TRACKING_USERNAME": {"name": admin["name"], "key": admin["usernameKey"]},
+        "MLFLOW_TRACKING_PASSWORD": {"name": admin["name"], "key": admin["passwordKey"]},
+    }
+
+
+def _assert_mlflow_login_by_reference(manifest: dict, login: dict[str, dict]) -> None:
+    for container in manifest["spec"]["template"]["spec"]["containers"]:
+        entries = [e for e in container["env"] if e["name"] in login]
+        assert sorted(e["name"] for e in entries) == sorted(login), container["name"]
+        for entry in entries:
+            assert entry == {"name": entry["name"], "valueFrom": {"secretKeyRef": login[entry["name"]]}}
+
+
 FLOW_RUN_VALUES = {
     "name": "bc-cql-7f3a",
     "labels": {"prefect.io/flow-run-id": "0f5e8a52-5f07-4b5e-8d0b-1d1c2b3a4e5f"},
@@ -106,6 +123,32 @@ def test_gpu_pool_job_lands_on_a100_nodes(rendered):
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_there_is_no_other_pool(rendered):
+    assert sorted(p.stem for p in (rendered / "prefect/work-pools").glob("*.json")) == sorted(POOLS)
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_flow_runs_log_in_to_mlflow_by_secret_reference(rendered, pool):
+    _assert_mlflow_login_by_reference(
+        _job(_template(rendered, pool), FLOW_RUN_VALUES), _mlflow_login(rendered)
+    )
+
+
+def test_an_mlflow_password_by_value_is_caught(rendered):
+    template = _template(rendered, "cpu-epyc")
+    env = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    entry = next(e for e in env if e["name"] == "MLFLOW_TRACKING_PASSWORD")
+    entry.pop("valueFrom")
+    entry["value"] = "not-a-reference"
+    with pytest.raises(AssertionError):
+        _assert_mlflow_login_by_reference(_job(template, FLOW_RUN_VALUES), _mlflow_login(rendered))
+    flow_env = {**FLOW_RUN_VALUES, "env": {"MLFLOW_TRACKING_PASSWORD": "from-the-deployment"}}
+    with pytest.raises(AssertionError):
+        _assert_mlflow_login_by_reference(
+            _job(_template(rendered, "cpu-epyc"), flow_env), _mlflow_login(rendered)
+        )
+
+
 def test_gpu_count_outside_the_node_is_refused(rendered):
     template = _template(rendered, "gpu-a100")
     with pytest.raises(Exception, match="gpu_count"):
@@ -127,6 +170,7 @@ def test_cluster_deployments_use_the_pools_and_valid_job_variables(rendered, set
     doc = yaml.safe_load((rendered / "prefect/cluster-deployments.yaml").read_text())
     pools = {p: _template(rendered, p) for p in POOLS}
     by_pool_name = {settings["gpu_pool"]["name"]: "gpu-a100", settings["epyc_pool"]["name"]: "cpu-epyc"}
+    login = _mlflow_login(rendered)
     placement = {}
     for dep in doc["deployments"]:
         path, _, func = dep["entrypoint"].partition(":")
@@ -136,7 +180,7 @@ def test_cluster_deployments_use_the_pools_and_valid_job_variables(rendered, set
         validate(
             job_vars, pools[pool]["variables"], raise_on_error=True, preprocess=True, ignore_required=True
         )
-        _job(pools[pool], {**FLOW_RUN_VALUES, **job_vars})
+        _assert_mlflow_login_by_reference(_job(pools[pool], {**FLOW_RUN_VALUES, **job_vars}), login)
         placement[func] = pool
     assert placement == {
         "offline_to_online_flow": "gpu-a100",
