@@ -4,7 +4,7 @@ First every subsystem alone (the task's environment step, actor inference single
 sampling uniform and prioritised, the learner's update at the chosen preset), then their interfaces
 (a worker's Rollout has the replay's fields, dtypes and shapes and the data-version metadata; the
 latency from an observation in a worker to that transition being sampled by the learner), then a short
-stress run of the asynchronous pipeline when ``arl_models.online_async`` exists. The verdict is the
+stress run of the asynchronous pipeline when ``arl_models.online.async_loop`` exists. The verdict is the
 :class:`~arl_models.rate_tuner.RateTuner`'s decision on a reading composed from the isolated rates
 (or on the stress run's own reading).
 
@@ -305,11 +305,11 @@ def check_latency(rollout, replay_size: int, batch: int, updates_per_s: float, t
 
 # ---------------------------------------------------------------- stress run and verdict
 def check_stress(spec, seconds: float) -> Check:
-    mod = _optional("arl_models.online_async")
+    mod = _optional("arl_models.online.async_loop")
     if mod is None:
-        return Check("async_stress", "stress", "skip", "arl_models.online_async is not present (no asynchronous loop yet)")
+        return Check("async_stress", "stress", "skip", "arl_models.online.async_loop is not present (no asynchronous loop yet)")
     if not hasattr(mod, "stress_run"):
-        return Check("async_stress", "stress", "skip", "arl_models.online_async has no stress_run(task, seconds) -> RateReading")
+        return Check("async_stress", "stress", "skip", "arl_models.online.async_loop has no stress_run(task, seconds) -> RateReading")
     reading = mod.stress_run(spec.key, seconds=seconds)
     return Check("async_stress", "stress", "pass", f"{seconds:g} s of the asynchronous pipeline",
                  reading.produced_per_s, "transitions/s", details={"reading": asdict(reading)})

@@ -5,9 +5,9 @@
 
 Both start from the same CQL checkpoint and run ``finetune`` with the same settings (UTD, batch, offline
 ratio, multiplier gains, evaluations) for ``--steps`` environment steps, one after the other in this
-process: ``sync`` is the loop of ``online.py`` (``--workers`` environments in
+process: ``sync`` is the loop of ``online/sync_loop.py`` (``--workers`` environments in
 ``gymnasium.vector.AsyncVectorEnv`` processes, collection and updates in turn), ``async`` the pipeline of
-``online_async.py`` (``--workers`` worker processes collecting while the learner updates). Printed: wall
+``online/async_loop.py`` (``--workers`` worker processes collecting while the learner updates). Printed: wall
 time, env steps/s, updates done, final evaluation of every run (``--repeats`` of each, the order
 flipping), and the ratio of the median wall times.
 

@@ -6,7 +6,7 @@ Every contestant steps the task with the same untrained actor (``TanhGaussianAct
 the offline stages' size) sampling actions, one policy call per step:
 
 * ``gym-async-k``: ``gymnasium.vector.AsyncVectorEnv`` with ``k`` environment processes; the policy
-  runs in this process on the batch of ``k`` observations (the synchronous loop of ``online.py``).
+  runs in this process on the batch of ``k`` observations (the synchronous loop, ``online/sync_loop.py``).
 * ``process-k``: our ``ProcessPool`` with ``k`` workers, each stepping one environment with its own
   copy of the actor (``arl_models.workers``); this process only receives chunks.
 * ``ray-k``: our ``RayPool`` with ``k`` local Ray actors (when Ray is installed).

@@ -13,7 +13,7 @@ issue), ``cql`` (the offline CQL term kept) and ``calql`` (the calibrated term).
 The cost constraint in fine-tuning is on the *episode* cost, which only the environment loop can
 measure: with ``external_multiplier`` the actor minimises
 ``(L_SAC + lambda * Q_c(s, pi(s))) / (1 + lambda)`` and the loop updates ``self.lagrangian`` from
-finished episodes (``online.py``). The scaling is Stooke et al.'s (2020): the gradient keeps SAC's size
+finished episodes (``online/rounds.py``). The scaling is Stooke et al.'s (2020): the gradient keeps SAC's size
 however large the multiplier grows, so a jump of the multiplier turns the policy towards cost instead of
 swamping it. The offline ``cost_q_limit`` mechanism of SAC (unscaled) stays available for offline
 training (continual learning).

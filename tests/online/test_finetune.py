@@ -19,11 +19,11 @@ from arl_models.lagrange import PIDConfig
 from arl_models.online import (
     FinetuneConfig,
     OnlineWriter,
-    _after_round,
-    _make_envs,
-    _Round,
+    Round,
+    after_round,
     build_algo,
     finetune,
+    make_envs,
     sample_mixed,
     warm_start,
 )
@@ -41,9 +41,9 @@ def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT, margin=0.0):
     warm_start(algo, tiny_cql, budget=12.0)
     values = [algo.lagrangian.value]
     for c in costs:
-        rnd = _Round(algo, cfg, None, OnlineWriter(ReplayBuffer(1, 3, 1), torch.zeros(1), 0.99))
+        rnd = Round(algo, cfg, None, OnlineWriter(ReplayBuffer(1, 3, 1), torch.zeros(1), 0.99))
         rnd.episodes = [(-100.0, c, 200), (-100.0, c, 200)]
-        _after_round(algo, cfg, _state(), rnd, 12.0, tmp_path)
+        after_round(algo, cfg, _state(), rnd, 12.0, tmp_path)
         values.append(algo.lagrangian.value)
     return values
 
@@ -188,9 +188,9 @@ def test_each_step_reaches_the_replay_before_the_next_update(tiny_cql):
         seen.append((len(w.online), bool(torch.isinf(w.mc[: len(w.online)]).all())))
         return {}
 
-    envs = _make_envs(get_task("safe-pendulum"), cfg)
+    envs = make_envs(get_task("safe-pendulum"), cfg)
     try:
-        _Round(algo, cfg, ActionScaler.of(env["action_low"], env["action_high"]), w).run(envs, 0, update)
+        Round(algo, cfg, ActionScaler.of(env["action_low"], env["action_high"]), w).run(envs, 0, update)
     finally:
         envs.close()
     assert [n for n, _ in seen] == [2 * (t // 2 + 1) for t in range(400)]  # two environments, two updates a step
