@@ -92,12 +92,12 @@ class TrainingConfig(BaseModel):
         }
         if stage == "offline":
             settings["offline_algo"] = self.offline_algo
-        if stage == "finetune":
+        if stage in ("finetune", "ewc"):
             settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
             if self.finetune_budget is not None:
                 settings["cost_budget"] = self.finetune_budget
         if stage == "ewc":
-            settings |= {"ewc_weight": self.ewc_weight, "rehearsal": self.rehearsal}
+            settings |= {"ewc_weight": self.ewc_weight, "rehearsal": self.rehearsal, "online_steps": self.finetune_steps}
         return settings
 
 

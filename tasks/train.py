@@ -137,15 +137,9 @@ def _train(
     if stage == "bc":
         return train_bc(data_dir, out, **common)
     if stage == "finetune":
-        from arl_models.online import FinetuneConfig, finetune
-        from arl_models.presets import get_preset
+        from arl_models.online import finetune
 
-        episodes = settings.get("eval_episodes")
-        cfg = FinetuneConfig(
-            seed=settings["seed"], steps=_target_steps(stage, settings), vector=settings.get("vector", "sync"),
-            num_envs=settings.get("num_envs", 4), cost_budget=settings.get("cost_budget"),
-            eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
-        )
+        cfg = _finetune_config(settings, _target_steps(stage, settings))
         return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
     if stage == "ewc":
         return _continual(init_actor, data_dir, out, settings, sink, common["progress"])
@@ -155,17 +149,34 @@ def _train(
     )
 
 
+def _finetune_config(settings: dict[str, Any], steps: int) -> Any:
+    """Constrained fine-tuning as the form asks for it (stage 3, and stage 4's online part)."""
+    from arl_models.online import FinetuneConfig
+    from arl_models.presets import get_preset
+
+    episodes = settings.get("eval_episodes")
+    return FinetuneConfig(
+        seed=settings["seed"], steps=steps, vector=settings.get("vector", "sync"),
+        num_envs=settings.get("num_envs", 4), cost_budget=settings.get("cost_budget"),
+        eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
+    )
+
+
 def _continual(
     start: str | None, data_dir: str, out: Path, settings: dict[str, Any], sink: Any, progress: bool
 ) -> dict:
-    """Stage 4: continue ``start`` on the new data with EWC over ``settings["previous"]``; measure forgetting."""
+    """Stage 4: continue ``start`` on the new data with EWC over ``settings["previous"]`` (offline, then
+    constrained fine-tuning on the new version under the same penalty, as stage 3 does after stage 2, so the
+    policy it hands over is held to the budget too); measure forgetting."""
     from arl_models.algos.ewc import EWCConfig
     from arl_models.continual import ContinualConfig, train_continual
-    from arl_models.presets import with_given
+    from arl_models.presets import get_preset, with_given
 
     if start is None or not settings.get("previous"):
         raise ValueError("the ewc stage needs the champion to continue (init_from) and its earlier datasets")
     seed = settings["seed"]
+    online = settings.get("online_steps")
+    online = get_preset(settings["preset"]).finetune_steps if online is None else online
     cfg = ContinualConfig(
         seed=seed,
         steps=_target_steps("ewc", settings),
@@ -173,6 +184,8 @@ def _continual(
         rehearsal=settings.get("rehearsal", 0.0),
         baseline=False,  # the naive baseline is the benchmark's business, not every run's
         eval_episodes=settings["forgetting_episodes"],
+        online_steps=online,
+        finetune=_finetune_config(settings, online),
     )
     train_continual(start, data_dir, out, previous=settings["previous"], config=cfg, sink=sink, progress=progress)
     return json.loads((out / "metrics.json").read_text())

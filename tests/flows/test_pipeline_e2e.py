@@ -251,7 +251,10 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
     assert list(result["stages"]) == ["bc", "offline", "finetune", "ewc"]
     ewc = result["stages"]["ewc"]
-    continual_config = json.loads((Path(ewc["checkpoint"]) / "config.json").read_text())["continual_config"]
+    offline_part = Path(ewc["checkpoint"]) / "offline"  # then fine-tuned on the new version, as stage 3 is
+    assert (Path(ewc["checkpoint"]) / "best").is_dir() or (Path(ewc["checkpoint"]) / "train_state").is_dir()
+    continual_config = json.loads((offline_part / "config.json").read_text())["continual_config"]
+    assert continual_config["online_steps"] == TINY["finetune_steps"]
     assert continual_config["rehearsal"] == 0.5
     assert continual_config["ewc"]["weight"] == EWCConfig.weight  # the form's empty weight: the library's default
     forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
