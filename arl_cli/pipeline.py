@@ -74,20 +74,31 @@ def run_cmd(
     ] = None,
     seed: int = 0,
     bc_steps: Annotated[int | None, typer.Option(help="BC steps (preset default if unset).")] = None,
-    offline_algo: Annotated[str | None, typer.Option(
-        help="Stage 2's algorithm: cql | td3bc | iql (default: the preset's).")] = None,
-    offline_steps: Annotated[int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")] = None,
+    offline_algo: Annotated[
+        str | None, typer.Option(help="Stage 2's algorithm: cql | td3bc | iql (default: the preset's).")
+    ] = None,
+    offline_steps: Annotated[
+        int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")
+    ] = None,
     finetune_steps: Annotated[
-        int | None, typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage).")
+        int | None,
+        typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage)."),
     ] = None,
     continual_steps: Annotated[
         int | None,
-        typer.Option(help="EWC steps when the champion learned other data versions (preset default; 0 skips)."),
+        typer.Option(
+            help="EWC steps when the champion learned other data versions (preset default; 0 skips)."
+        ),
     ] = None,
     eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
-    threads: Annotated[int | None, typer.Option(help="torch threads of each stage's learner (default: the preset's, 1).")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads of each stage's learner (default: the preset's, 1).")
+    ] = None,
     gate_episodes: Annotated[
-        int, typer.Option(help="Episodes of the final evaluation (fewer starts decide a mean cost: see GateConfig).")
+        int,
+        typer.Option(
+            help="Episodes of the final evaluation (fewer starts decide a mean cost: see GateConfig)."
+        ),
     ] = 50,
     cost_budget: Annotated[
         float | None, typer.Option(help="Gate's cost budget (default: the task's).")
@@ -115,8 +126,14 @@ def run_cmd(
     result = offline_to_online_flow(
         DatasetRef(path=dataset, version=version),
         TrainingConfig(
-            preset=preset, seed=seed, bc_steps=bc_steps, offline_algo=offline_algo, offline_steps=offline_steps,
-            finetune_steps=finetune_steps, continual_steps=continual_steps, eval_episodes=eval_episodes,
+            preset=preset,
+            seed=seed,
+            bc_steps=bc_steps,
+            offline_algo=offline_algo,
+            offline_steps=offline_steps,
+            finetune_steps=finetune_steps,
+            continual_steps=continual_steps,
+            eval_episodes=eval_episodes,
             threads=threads,
         ),
         GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget, max_forgetting=max_forgetting),
@@ -352,14 +369,20 @@ def _tracking_uri() -> str:
 COMPARE_ROWS = (
     ("status", lambda r: r.info.status),
     ("started", lambda r: _when(r.info.start_time)),
-    ("dataset", lambda r: f"{r.data.tags.get('arl.dataset.path', '?')}@{r.data.tags.get('arl.dataset.md5', '')[:8]}"),
+    (
+        "dataset",
+        lambda r: f"{r.data.tags.get('arl.dataset.path', '?')}@{r.data.tags.get('arl.dataset.md5', '')[:8]}",
+    ),
     ("preset", lambda r: r.data.params.get("training.preset", "")),
     ("seed", lambda r: r.data.params.get("training.seed", "")),
     ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
     ("offline algo", lambda r: r.data.params.get("training.offline_algo", "").replace("None", "(preset's)")),
     ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
-    *((f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))
-      for stage in ("bc", "offline", "finetune", "ewc") for what, key in (("score", "score"), ("cost", "cost"))),
+    *(
+        (f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))
+        for stage in ("bc", "offline", "finetune", "ewc")
+        for what, key in (("score", "score"), ("cost", "cost"))
+    ),
     ("gated score", lambda r: _num(r.data.metrics.get("score"))),
     ("gated mean cost", lambda r: _num(r.data.metrics.get("mean_cost"))),
     ("gated forgetting", lambda r: _num(r.data.metrics.get("forgetting"))),
@@ -410,5 +433,7 @@ def compare_table(
         table.add_row(label, *[str(get(r)) for r in runs])
     per_version = sorted({k for r in runs for k in r.data.metrics if k.startswith("ewc/forgetting/")})
     for k in per_version:
-        table.add_row(f"forgetting {k.removeprefix('ewc/forgetting/')}", *[_num(r.data.metrics.get(k)) for r in runs])
+        table.add_row(
+            f"forgetting {k.removeprefix('ewc/forgetting/')}", *[_num(r.data.metrics.get(k)) for r in runs]
+        )
     return table

@@ -67,11 +67,15 @@ def model_state(algo: Algorithm) -> dict[str, torch.Tensor]:
 def load_weights(net: nn.Module, state: dict[str, torch.Tensor], prefix: str, where: Path) -> None:
     """Load the entries of ``state`` under ``prefix`` into ``net``; a set of names that does not fit is an
     error naming the checkpoint and the names (a checkpoint of an older network layout, for example)."""
-    keys = net.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=False)
+    keys = net.load_state_dict(
+        {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=False
+    )
     if keys.missing_keys or keys.unexpected_keys:
-        raise ValueError(f"{where}: its weights do not fit the network its config.json describes (missing "
-                         f"{[prefix + k for k in keys.missing_keys]}, unexpected {[prefix + k for k in keys.unexpected_keys]}); "
-                         "a checkpoint written before a change of layout must be retrained")
+        raise ValueError(
+            f"{where}: its weights do not fit the network its config.json describes (missing "
+            f"{[prefix + k for k in keys.missing_keys]}, unexpected {[prefix + k for k in keys.unexpected_keys]}); "
+            "a checkpoint written before a change of layout must be retrained"
+        )
 
 
 def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor], where: Path) -> None:
@@ -82,7 +86,9 @@ def load_model_state(algo: Algorithm, state: dict[str, torch.Tensor], where: Pat
             p.copy_(state[f"param.{k}"].reshape(p.shape))
 
 
-def _optimizer_tensors(opts: dict[str, torch.optim.Optimizer]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_tensors(
+    opts: dict[str, torch.optim.Optimizer],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors: dict[str, torch.Tensor] = {}
     groups: dict[str, Any] = {}
     for name, opt in opts.items():
@@ -94,13 +100,17 @@ def _optimizer_tensors(opts: dict[str, torch.optim.Optimizer]) -> tuple[dict[str
     return tensors, groups
 
 
-def _load_optimizers(opts: dict[str, torch.optim.Optimizer], tensors: dict[str, torch.Tensor], groups: dict, where: Path) -> None:
+def _load_optimizers(
+    opts: dict[str, torch.optim.Optimizer], tensors: dict[str, torch.Tensor], groups: dict, where: Path
+) -> None:
     for name, opt in opts.items():
         if len(groups[name]) != len(opt.param_groups):
-            raise ValueError(f"{where}: the {name} optimizer was saved with {len(groups[name])} parameter group(s), this "
-                             f"configuration builds {len(opt.param_groups)} (a conditioned network trained before "
-                             "context_lr_scale existed has one: continue it with context_lr_scale 1.0, in its config.json "
-                             "for a continual or fine-tuning start)")
+            raise ValueError(
+                f"{where}: the {name} optimizer was saved with {len(groups[name])} parameter group(s), this "
+                f"configuration builds {len(opt.param_groups)} (a conditioned network trained before "
+                "context_lr_scale existed has one: continue it with context_lr_scale 1.0, in its config.json "
+                "for a continual or fine-tuning start)"
+            )
         state: dict[int, dict[str, torch.Tensor]] = {}
         prefix = f"opt.{name}."
         for k, v in tensors.items():
@@ -116,7 +126,9 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def config_record(algo: Algorithm, env: dict[str, Any], dataset: dict[str, Any] | None = None) -> dict[str, Any]:
+def config_record(
+    algo: Algorithm, env: dict[str, Any], dataset: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "algo": algo.name,
         "config": dataclasses.asdict(algo.cfg),
@@ -141,7 +153,9 @@ def save_checkpoint(
     with staged_dir(out / TRAIN_STATE) as tmp:
         rng = {"rng.torch": torch.get_rng_state()}
         save_file({**weights, **opt_tensors, **rng, **(extra_tensors or {})}, str(tmp / "state.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({"param_groups": groups, "extra": algo.extra_state(), "record": record}))
+        (tmp / "state.json").write_text(
+            json.dumps({"param_groups": groups, "extra": algo.extra_state(), "record": record})
+        )
     tmp_w = out / f".{WEIGHTS}.tmp"
     save_file(weights, str(tmp_w))
     os.replace(tmp_w, out / WEIGHTS)
@@ -171,8 +185,17 @@ class ResumeMismatch(ValueError):
     """A checkpoint folder holds a run of other settings or data than the one asked to resume in it."""
 
 
-RESUME_KEYS = ("algo", "config", "preset", "finetune", "continual_config", "dataset.digest", "env.task",
-               "env.env_version", "env.cost_budget")
+RESUME_KEYS = (
+    "algo",
+    "config",
+    "preset",
+    "finetune",
+    "continual_config",
+    "dataset.digest",
+    "env.task",
+    "env.env_version",
+    "env.cost_budget",
+)
 """What a rerun must share with the run whose checkpoint it resumes (``a.b``: key ``b`` of ``a``); a step
 budget (``steps``) may differ, so that a longer run continues a shorter one."""
 
@@ -196,8 +219,11 @@ def check_resumable(out: str | Path, record: dict[str, Any]) -> None:
     for key in RESUME_KEYS:
         was, now = _get(saved, key), _get(record, key)
         if isinstance(was, dict) and isinstance(now, dict):
-            diffs += [f"{key}.{k} was {was.get(k)!r}, now {now.get(k)!r}" for k in {**was, **now}
-                      if k != "steps" and was.get(k) != now.get(k)]
+            diffs += [
+                f"{key}.{k} was {was.get(k)!r}, now {now.get(k)!r}"
+                for k in {**was, **now}
+                if k != "steps" and was.get(k) != now.get(k)
+            ]
         elif was != now:
             diffs.append(f"{key} was {was!r}, now {now!r}")
     if diffs:
@@ -244,7 +270,9 @@ def load_shared_networks(from_dir: str | Path, algo: Algorithm) -> list[str]:
     for name in loaded:
         load_weights(algo.networks()[name], tensors, f"{name}.", where)
     extra = json.loads((where / TRAIN_STATE / "state.json").read_text())["extra"]
-    algo.load_extra_state({**algo.extra_state(), **{k: v for k, v in extra.items() if k.startswith("lagrangian.")}})
+    algo.load_extra_state(
+        {**algo.extra_state(), **{k: v for k, v in extra.items() if k.startswith("lagrangian.")}}
+    )
     return loaded
 
 
@@ -320,6 +348,9 @@ def save_policy(out: str | Path, actor: nn.Module, record: dict[str, Any]) -> Pa
     replaced whole, so a reader never sees one policy's weights under another's config."""
     out = Path(out)
     with staged_dir(out) as tmp:
-        save_file({f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()}, str(tmp / WEIGHTS))
+        save_file(
+            {f"actor.{k}": v.detach().cpu().contiguous() for k, v in actor.state_dict().items()},
+            str(tmp / WEIGHTS),
+        )
         (tmp / CONFIG).write_text(json.dumps(record, indent=2) + "\n")
     return out

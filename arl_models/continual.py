@@ -83,8 +83,10 @@ class ContinualConfig:
         if not 0.0 <= self.rehearsal < 1.0:
             raise ValueError(f"continual: rehearsal is a share of the batch in [0, 1), got {self.rehearsal}")
         if self.eval_every and self.eval_every % self.log_every:
-            raise ValueError(f"continual: eval_every ({self.eval_every}) must be a multiple of log_every ({self.log_every}), "
-                             "where evaluations are logged")
+            raise ValueError(
+                f"continual: eval_every ({self.eval_every}) must be a multiple of log_every ({self.log_every}), "
+                "where evaluations are logged"
+            )
 
 
 def version_key(info: DatasetInfo) -> str:
@@ -106,7 +108,9 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     rec = read_config(from_dir)
     cfg = config_from_dict(CalQLConfig, rec["config"])
     constrained = (cfg.cost_q_limit is not None or cfg.external_multiplier) and info.cost_budget is not None
-    cfg = replace(cfg, conservative="cql", external_multiplier=False, cost_q_limit=None)  # the limit of the new data
+    cfg = replace(
+        cfg, conservative="cql", external_multiplier=False, cost_q_limit=None
+    )  # the limit of the new data
     algo = held_to_budget(CalQL, cfg, info, t, constrained)
     load_train_state(from_dir, algo)
     algo.step = 0
@@ -122,15 +126,19 @@ def earlier_buffer(previous: list[Path], new: DatasetInfo) -> ReplayBuffer:
     parts = [read_dataset(p) for p in previous]
     for path, (_, info) in zip(previous, parts, strict=True):
         if (info.obs_dim, info.action_dim) != (new.obs_dim, new.action_dim):
-            raise ValueError(f"rehearsal: {path} has observations of {info.obs_dim} and actions of {info.action_dim} "
-                             f"dimensions, the new version {version_key(new)} {new.obs_dim} and {new.action_dim}")
+            raise ValueError(
+                f"rehearsal: {path} has observations of {info.obs_dim} and actions of {info.action_dim} "
+                f"dimensions, the new version {version_key(new)} {new.obs_dim} and {new.action_dim}"
+            )
     buf = ReplayBuffer(sum(len(t) for t, _ in parts), new.obs_dim, new.action_dim)
     for t, info in parts:
         buf.add_transitions(t, _scaler(info))
     return buf
 
 
-def batches(new: ReplayBuffer, earlier: ReplayBuffer | None, batch_size: int, share: float) -> Callable[[], Batch]:
+def batches(
+    new: ReplayBuffer, earlier: ReplayBuffer | None, batch_size: int, share: float
+) -> Callable[[], Batch]:
     """The offline stage's sampler: the new data alone, or ``round(share * B)`` earlier rows first."""
     if earlier is None:
         return lambda: new.sample(batch_size)
@@ -151,7 +159,11 @@ def earlier_penalty(algo: CalQL, from_dir: Path, previous: list[Path], cfg: EWCC
         obs = torch.as_tensor(t.obs[idx])
         act = torch.as_tensor(_scaler(info).normalize(t.action[idx]))
         fisher = compute_fisher(algo, obs, act, cfg)
-        penalty = EWCPenalty(fisher, anchor, cfg.weight) if penalty is None else penalty.consolidate(fisher, anchor, cfg.decay)
+        penalty = (
+            EWCPenalty(fisher, anchor, cfg.weight)
+            if penalty is None
+            else penalty.consolidate(fisher, anchor, cfg.decay)
+        )
     assert penalty is not None
     return penalty
 
@@ -168,8 +180,15 @@ def every_version(algo: CalQL, infos: list[DatasetInfo], episodes: int) -> Calla
 
 
 def _train_branch(
-    from_dir: Path, data: Path, out: Path, previous: list[Path], cfg: ContinualConfig, use_ewc: bool,
-    sink: MetricSink | None, progress: bool, infos: list[DatasetInfo],
+    from_dir: Path,
+    data: Path,
+    out: Path,
+    previous: list[Path],
+    cfg: ContinualConfig,
+    use_ewc: bool,
+    sink: MetricSink | None,
+    progress: bool,
+    infos: list[DatasetInfo],
 ) -> Path:
     """Offline CQL on the new data (with or without EWC), then optionally online fine-tuning; returns the
     final checkpoint directory."""
@@ -188,22 +207,49 @@ def _train_branch(
     algo.regularizer = penalty
     buffer = ReplayBuffer.from_transitions(t, _scaler(info))
     rehearse = use_ewc and previous and cfg.rehearsal > 0
-    sample = batches(buffer, earlier_buffer(previous, info) if rehearse else None, algo.cfg.batch_size, cfg.rehearsal)
+    sample = batches(
+        buffer, earlier_buffer(previous, info) if rehearse else None, algo.cfg.batch_size, cfg.rehearsal
+    )
     if not has_train_state(offline_out):
         torch.manual_seed(cfg.seed)
     record = {
-        "algo": algo.name, "config": asdict(algo.cfg), "env": env_record(info), "dataset": dataset_record(data, info),
-        "format_version": 1, "stage": "continual", "from": str(from_dir), "ewc": use_ewc,
+        "algo": algo.name,
+        "config": asdict(algo.cfg),
+        "env": env_record(info),
+        "dataset": dataset_record(data, info),
+        "format_version": 1,
+        "stage": "continual",
+        "from": str(from_dir),
+        "ewc": use_ewc,
         "continual_config": asdict(cfg),
     }
-    fit(algo, sample, cfg.steps, offline_out, record, sink=sink,
-        evaluate=every_version(algo, infos, cfg.eval_episodes) if cfg.eval_every else None, eval_every=cfg.eval_every,
-        log_every=cfg.log_every, save_every=max(cfg.steps // 4, 1), progress=progress,
-        desc=f"continual {'ewc' if use_ewc else 'naive'} {version_key(info)}")
+    fit(
+        algo,
+        sample,
+        cfg.steps,
+        offline_out,
+        record,
+        sink=sink,
+        evaluate=every_version(algo, infos, cfg.eval_episodes) if cfg.eval_every else None,
+        eval_every=cfg.eval_every,
+        log_every=cfg.log_every,
+        save_every=max(cfg.steps // 4, 1),
+        progress=progress,
+        desc=f"continual {'ewc' if use_ewc else 'naive'} {version_key(info)}",
+    )
     if cfg.online_steps <= 0:
         return offline_out
     ft = replace(cfg.finetune, steps=cfg.online_steps, seed=cfg.seed)
-    finetune(offline_out, out, task=version_key(info), data=data, config=ft, regularizer=penalty, sink=sink, progress=progress)
+    finetune(
+        offline_out,
+        out,
+        task=version_key(info),
+        data=data,
+        config=ft,
+        regularizer=penalty,
+        sink=sink,
+        progress=progress,
+    )
     if penalty is not None:
         save_file(penalty.tensors(), str(out / EWC_FILE))
     return out
@@ -231,9 +277,15 @@ def forgetting_report(start: Path, final: Path, infos: list[DatasetInfo], episod
     forgetting = {k: best[k] - scores[k] for k in earlier}
     new_best = dict(best) | {k: max(best.get(k, -np.inf), scores[k]) for k in keys}
     return {
-        "scores": scores, "start_scores": start_scores, "best_earlier": {k: best[k] for k in earlier},
-        "forgetting": forgetting, "mean_forgetting": float(np.mean(list(forgetting.values()))) if earlier else 0.0,
-        "new_version": keys[-1], "new_score": scores[keys[-1]], "best_scores": new_best, "versions": keys,
+        "scores": scores,
+        "start_scores": start_scores,
+        "best_earlier": {k: best[k] for k in earlier},
+        "forgetting": forgetting,
+        "mean_forgetting": float(np.mean(list(forgetting.values()))) if earlier else 0.0,
+        "new_version": keys[-1],
+        "new_score": scores[keys[-1]],
+        "best_scores": new_best,
+        "versions": keys,
     }
 
 
@@ -241,16 +293,26 @@ def _write_chain_record(final: Path, report: dict[str, Any], datasets: list[Path
     """Put the chain's history (versions, datasets, best scores) into the checkpoint's config.json."""
     path = final / "config.json"
     rec = json.loads(path.read_text())
-    rec["continual"] = {"versions": report["versions"], "datasets": [str(d) for d in datasets], "best_scores": report["best_scores"]}
+    rec["continual"] = {
+        "versions": report["versions"],
+        "datasets": [str(d) for d in datasets],
+        "best_scores": report["best_scores"],
+    }
     tmp = path.with_name(".config.json.tmp")
     tmp.write_text(json.dumps(rec, indent=2) + "\n")
     os.replace(tmp, path)
 
 
 def train_continual(
-    from_dir: str | Path, data: str | Path, out: str | Path, *, previous: list[str | Path] | None = None,
-    naive_from: str | Path | None = None, config: ContinualConfig = ContinualConfig(),
-    sink: MetricSink | None = None, progress: bool = True,
+    from_dir: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    previous: list[str | Path] | None = None,
+    naive_from: str | Path | None = None,
+    config: ContinualConfig = ContinualConfig(),
+    sink: MetricSink | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Train on a new version with EWC (into ``out``) and, as the baseline, without (``out/naive``).
 
@@ -264,7 +326,12 @@ def train_continual(
     prev = [Path(p) for p in previous]
     infos = [read_dataset(p)[1] for p in [*prev, data]]
     final = _train_branch(from_dir, data, out, prev, config, True, sink, progress, infos)
-    report: dict[str, Any] = {"config": asdict(config), "from": str(from_dir), "data": str(data), "previous": [str(p) for p in prev]}
+    report: dict[str, Any] = {
+        "config": asdict(config),
+        "from": str(from_dir),
+        "data": str(data),
+        "previous": [str(p) for p in prev],
+    }
     report["ewc"] = forgetting_report(from_dir, final, infos, config.eval_episodes)
     _write_chain_record(final, report["ewc"], [*prev, data])
     if config.baseline:

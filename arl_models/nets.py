@@ -33,7 +33,10 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.
     layers: list[nn.Module] = []
     d = in_dim
     for h in hidden:
-        layers += [nn.Linear(d, h), nn.ReLU(inplace=True)]  # in place: addmm's backward does not need its output
+        layers += [
+            nn.Linear(d, h),
+            nn.ReLU(inplace=True),
+        ]  # in place: addmm's backward does not need its output
         d = h
     if out_dim is not None:
         layers.append(nn.Linear(d, out_dim))
@@ -48,7 +51,9 @@ def modulate(h: torch.Tensor, gamma_beta: torch.Tensor) -> torch.Tensor:
 
 def _check_context(obs_dim: int, context_dim: int) -> None:
     if not 0 <= context_dim < obs_dim:
-        raise ValueError(f"context_dim must lie in [0, {obs_dim}) for observations of {obs_dim} entries, got {context_dim}")
+        raise ValueError(
+            f"context_dim must lie in [0, {obs_dim}) for observations of {obs_dim} entries, got {context_dim}"
+        )
 
 
 class ConditionedMLP(nn.Module):
@@ -66,7 +71,9 @@ class ConditionedMLP(nn.Module):
         c = x[..., -self.context_dim :]
         x = modulate(x, c @ self.film[0])
         for i, layer in enumerate(self.layers, start=1):  # indexed: a slice of a ParameterList re-wraps the
-            x = modulate(torch.relu_(layer(x)), c @ self.film[i])  # tensors functional_call swaps in (EWC's Fisher)
+            x = modulate(
+                torch.relu_(layer(x)), c @ self.film[i]
+            )  # tensors functional_call swaps in (EWC's Fisher)
         return x
 
 
@@ -96,15 +103,23 @@ class EnsembleLinear(nn.Module):
 class EnsembleCritic(nn.Module):
     """``E`` Q-functions ``Q_e(s, a)``; ``forward`` returns ``(E, B)``."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2, context_dim: int = 0):
+    def __init__(
+        self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2, context_dim: int = 0
+    ):
         super().__init__()
         _check_context(obs_dim, context_dim)
         self.ensemble, self.context_dim = ensemble, context_dim
         dims = [obs_dim + act_dim, *hidden]
-        self.hidden = nn.ModuleList(EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True))
+        self.hidden = nn.ModuleList(
+            EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True)
+        )
         self.out = EnsembleLinear(ensemble, dims[-1], 1)
         # FiLM weights per member for the input of every layer, (E, k, 2D), zero: see the module docstring
-        self.film = nn.ParameterList(nn.Parameter(torch.zeros(ensemble, context_dim, 2 * d)) for d in dims) if context_dim else None
+        self.film = (
+            nn.ParameterList(nn.Parameter(torch.zeros(ensemble, context_dim, 2 * d)) for d in dims)
+            if context_dim
+            else None
+        )
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
         x = torch.cat([obs, act], dim=-1)  # (B, O+A)
@@ -123,7 +138,9 @@ def action_film(context_dim: int, act_dim: int) -> nn.Parameter | None:
     return nn.Parameter(torch.zeros(context_dim, 2 * act_dim)) if context_dim else None
 
 
-def modulated_mean(head: nn.Linear, film: torch.Tensor | None, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+def modulated_mean(
+    head: nn.Linear, film: torch.Tensor | None, h: torch.Tensor, obs: torch.Tensor
+) -> torch.Tensor:
     """An actor's action mean ``head(h)``, FiLM-modulated by the context at the end of ``obs`` when ``film``."""
     mu = head(h)
     return mu if film is None else modulate(mu, obs[..., -film.shape[0] :] @ film)
@@ -220,7 +237,9 @@ CONTEXT_LR_SCALE = 30.0
 """Default multiple of a network's learning rate for its FiLM weights (``SACConfig.context_lr_scale``)."""
 
 
-def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weight_decay: float = 0.0) -> torch.optim.Adam:
+def network_adam(
+    net: nn.Module, lr: float, context_lr_scale: float = 1.0, weight_decay: float = 0.0
+) -> torch.optim.Adam:
     """:func:`adam` over a network, its FiLM weights (parameters named ``film``) at ``context_lr_scale``
     times ``lr``. A network without them, or scale 1, has one parameter group (the checkpoint format of
     every network before the scale existed)."""
@@ -229,7 +248,9 @@ def network_adam(net: nn.Module, lr: float, context_lr_scale: float = 1.0, weigh
     for name, p in net.named_parameters():
         (film if "film" in name.split(".") else rest).append(p)
     if context_lr_scale == 1.0 or not film:
-        return adam(net.parameters(), lr, weight_decay)  # the module's order: what saved optimizer states index
+        return adam(
+            net.parameters(), lr, weight_decay
+        )  # the module's order: what saved optimizer states index
     return adam([{"params": rest}, {"params": film, "lr": lr * context_lr_scale}], lr, weight_decay)
 
 

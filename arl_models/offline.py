@@ -47,8 +47,12 @@ def env_record(info: DatasetInfo) -> dict[str, Any]:
 
 
 def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
-    return {"path": str(path), "quality": info.quality, "num_transitions": info.num_transitions,
-            "digest": content_digest(path)}
+    return {
+        "path": str(path),
+        "quality": info.quality,
+        "num_transitions": info.num_transitions,
+        "digest": content_digest(path),
+    }
 
 
 def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
@@ -60,7 +64,10 @@ def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def evaluate_checkpoint(
-    policy_dir: str | Path, task: str | None = None, episodes: int = 10, seed: int = EVAL_SEED,
+    policy_dir: str | Path,
+    task: str | None = None,
+    episodes: int = 10,
+    seed: int = EVAL_SEED,
     ref_scores: tuple[float, float] | None = None,
 ) -> EvalResult:
     """Evaluate a checkpoint on its own task (or ``task``), with the reference scores it was trained with
@@ -83,40 +90,74 @@ def live_eval(algo: Any, scaler: ActionScaler, info: DatasetInfo, episodes: int,
         refs = (info.ref_random_return, info.ref_expert_return)
 
     def run() -> dict[str, float]:
-        return evaluate(lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=EVAL_SEED, ref_scores=refs).metrics(prefix)
+        return evaluate(
+            lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=EVAL_SEED, ref_scores=refs
+        ).metrics(prefix)
 
     return run
 
 
 def _run(
-    algo: Any, data: str | Path, out: str | Path, steps: int, sink: MetricSink | None, progress: bool,
-    preset_name: str, t: Any, info: DatasetInfo, extra: dict[str, Any] | None = None, eval_episodes: int | None = None,
-    prioritized: PERConfig | None = None, restart: bool = False,
+    algo: Any,
+    data: str | Path,
+    out: str | Path,
+    steps: int,
+    sink: MetricSink | None,
+    progress: bool,
+    preset_name: str,
+    t: Any,
+    info: DatasetInfo,
+    extra: dict[str, Any] | None = None,
+    eval_episodes: int | None = None,
+    prioritized: PERConfig | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     preset = get_preset(preset_name)
     out = Path(out)
     scaler = ActionScaler.of(info.action_low, info.action_high)
     buffer = ReplayBuffer.from_transitions(t, scaler)
     batch_size = algo.cfg.batch_size
-    record = config_record(algo, env_record(info), dataset_record(data, info)) | {"preset": preset_name, **(extra or {})}
+    record = config_record(algo, env_record(info), dataset_record(data, info)) | {
+        "preset": preset_name,
+        **(extra or {}),
+    }
     per = None if prioritized is None else PrioritizedReplay.from_buffer(buffer, prioritized)
     if prioritized is not None:
         record["prioritized"] = asdict(prioritized)
     episodes = preset.eval_episodes if eval_episodes is None else eval_episodes
     evaluate_fn = live_eval(algo, scaler, info, episodes) if episodes > 0 else None
     final = fit(
-        algo, lambda: buffer.sample(batch_size), steps, out, record, sink=sink,
-        log_every=preset.log_every, save_every=preset.save_every,
-        evaluate=evaluate_fn, eval_every=preset.eval_every if evaluate_fn else 0,
-        progress=progress, desc=f"{algo.name} {info.task}", prioritized=per, restart=restart,
+        algo,
+        lambda: buffer.sample(batch_size),
+        steps,
+        out,
+        record,
+        sink=sink,
+        log_every=preset.log_every,
+        save_every=preset.save_every,
+        evaluate=evaluate_fn,
+        eval_every=preset.eval_every if evaluate_fn else 0,
+        progress=progress,
+        desc=f"{algo.name} {info.task}",
+        prioritized=per,
+        restart=restart,
     )
     return final
 
 
 def train_bc(
-    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
-    config: BCConfig | None = None, sink: MetricSink | None = None, progress: bool = True,
-    eval_episodes: int | None = None, context_dim: int | None = None, restart: bool = False,
+    data: str | Path,
+    out: str | Path,
+    *,
+    preset: str = "demo",
+    seed: int = 0,
+    steps: int | None = None,
+    config: BCConfig | None = None,
+    sink: MetricSink | None = None,
+    progress: bool = True,
+    eval_episodes: int | None = None,
+    context_dim: int | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     """Stage 1: behaviour cloning on a dataset; writes a checkpoint to ``out``.
 
@@ -126,8 +167,19 @@ def train_bc(
     t, info = read_dataset(data)
     cfg = replace(config or p.bc, seed=seed, context_dim=conditioning(info, context_dim))
     algo = BC(info.obs_dim, info.action_dim, cfg)
-    return _run(algo, data, out, steps or p.bc_steps, sink, progress, preset, t, info, eval_episodes=eval_episodes,
-                restart=restart)
+    return _run(
+        algo,
+        data,
+        out,
+        steps or p.bc_steps,
+        sink,
+        progress,
+        preset,
+        t,
+        info,
+        eval_episodes=eval_episodes,
+        restart=restart,
+    )
 
 
 def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
@@ -136,7 +188,9 @@ def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
     return context_dim_of(info.task, info.env_version) if context_dim is None else context_dim
 
 
-def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, data: Transitions | None = None) -> float | None:
+def cql_cost_limit(
+    info: DatasetInfo, gamma: float, horizon: int | None = None, data: Transitions | None = None
+) -> float | None:
     """The episode cost budget as a limit on the discounted cost value ``Q_c(s0, pi(s0))`` of an
     episode's start: the budget spread evenly over the episode's ``T`` steps, discounted,
     ``budget / T * (1 - gamma^T) / (1 - gamma)`` (the threshold of OSRL's Lagrangian baselines).
@@ -169,7 +223,10 @@ def cql_cost_limit(info: DatasetInfo, gamma: float, horizon: int | None = None, 
     warnings.warn(
         f"no episode of the dataset meets the cost budget {info.cost_budget:g} (the cheapest pays "
         f"{costs.min():.1f}): the constraint holds the policy to the cheapest tenth of its episodes instead "
-        f"(discounted cost {cheapest.mean():.2f} from their starts)", InfeasibleBudgetWarning, stacklevel=2)
+        f"(discounted cost {cheapest.mean():.2f} from their starts)",
+        InfeasibleBudgetWarning,
+        stacklevel=2,
+    )
     return max(uniform, float(cheapest.mean()))
 
 
@@ -198,8 +255,10 @@ def warm_start_from_bc(algo: Any, init_actor: str | Path) -> dict[str, Any]:
     bc_record = read_config(init_actor)
     bc_context = bc_record["config"].get("context_dim", 0)
     if bc_context != algo.cfg.context_dim:
-        raise ValueError(f"{init_actor}: its actor is conditioned on {bc_context} context entries and this {algo.name} "
-                         f"on {algo.cfg.context_dim}; train both with the same context_dim")
+        raise ValueError(
+            f"{init_actor}: its actor is conditioned on {bc_context} context entries and this {algo.name} "
+            f"on {algo.cfg.context_dim}; train both with the same context_dim"
+        )
     weights = load_file(str(Path(init_actor) / "weights.safetensors"))
     copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
     if not copied:
@@ -208,10 +267,22 @@ def warm_start_from_bc(algo: Any, init_actor: str | Path) -> dict[str, Any]:
 
 
 def train_offline_algo(
-    algo: str, data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, steps: int | None = None,
-    init_actor: str | Path | None = None, constrained: bool = True, config: Any = None,
-    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None,
-    prioritized: PERConfig | None = None, context_dim: int | None = None, restart: bool = False,
+    algo: str,
+    data: str | Path,
+    out: str | Path,
+    *,
+    preset: str = "demo",
+    seed: int = 0,
+    steps: int | None = None,
+    init_actor: str | Path | None = None,
+    constrained: bool = True,
+    config: Any = None,
+    sink: MetricSink | None = None,
+    progress: bool = True,
+    eval_episodes: int | None = None,
+    prioritized: PERConfig | None = None,
+    context_dim: int | None = None,
+    restart: bool = False,
 ) -> dict[str, float]:
     """Stage 2: offline RL (``cql``, ``td3bc`` or ``iql``) with a cost critic, optionally from a BC actor.
 
@@ -232,8 +303,21 @@ def train_offline_algo(
     extra: dict[str, Any] = {}
     if init_actor is not None:
         extra["init_actor"] = warm_start_from_bc(learner, init_actor)
-    return _run(learner, data, out, steps or p.offline_steps_of(algo), sink, progress, preset, t, info, extra,
-                eval_episodes, prioritized, restart)
+    return _run(
+        learner,
+        data,
+        out,
+        steps or p.offline_steps_of(algo),
+        sink,
+        progress,
+        preset,
+        t,
+        info,
+        extra,
+        eval_episodes,
+        prioritized,
+        restart,
+    )
 
 
 def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:
@@ -242,16 +326,34 @@ def train_cql(data: str | Path, out: str | Path, **kw: Any) -> dict[str, float]:
 
 
 def train_offline(
-    data: str | Path, out: str | Path, *, preset: str = "demo", seed: int = 0, algo: str | None = None,
-    bc_steps: int | None = None, steps: int | None = None, constrained: bool = True,
-    sink: MetricSink | None = None, progress: bool = True, eval_episodes: int | None = None, restart: bool = False,
+    data: str | Path,
+    out: str | Path,
+    *,
+    preset: str = "demo",
+    seed: int = 0,
+    algo: str | None = None,
+    bc_steps: int | None = None,
+    steps: int | None = None,
+    constrained: bool = True,
+    sink: MetricSink | None = None,
+    progress: bool = True,
+    eval_episodes: int | None = None,
+    restart: bool = False,
 ) -> dict[str, dict[str, float]]:
     """The pipeline's stages 1-2 at their defaults: BC into ``out/bc``, then stage 2's algorithm (``algo``,
     default the preset's) from it into ``out/<algo>``; returns both final records by stage."""
     algo = algo or get_preset(preset).offline_algo
     out = Path(out)
-    common: dict[str, Any] = {"preset": preset, "seed": seed, "sink": sink, "progress": progress,
-                              "eval_episodes": eval_episodes, "restart": restart}
+    common: dict[str, Any] = {
+        "preset": preset,
+        "seed": seed,
+        "sink": sink,
+        "progress": progress,
+        "eval_episodes": eval_episodes,
+        "restart": restart,
+    }
     bc = train_bc(data, out / "bc", steps=bc_steps, **common)
-    stage2 = train_offline_algo(algo, data, out / algo, steps=steps, init_actor=out / "bc", constrained=constrained, **common)
+    stage2 = train_offline_algo(
+        algo, data, out / algo, steps=steps, init_actor=out / "bc", constrained=constrained, **common
+    )
     return {"bc": bc, algo: stage2}

@@ -94,5 +94,7 @@ def make_preprocessor(name: str, scale: float, stats: ObsStats) -> Preprocessor 
     if name == "none":
         return None
     if name not in PREPROCESSORS:
-        raise ValueError(f"unknown preprocess {name!r}; choose none or one of {', '.join(sorted(PREPROCESSORS))}")
+        raise ValueError(
+            f"unknown preprocess {name!r}; choose none or one of {', '.join(sorted(PREPROCESSORS))}"
+        )
     return PREPROCESSORS[name](stats, scale)

@@ -51,8 +51,13 @@ class Preset:
     fill two cores instead of oversubscribing them (benchmarks/bench_threads.py)."""
 
     def with_seed(self, seed: int) -> Preset:
-        return replace(self, bc=replace(self.bc, seed=seed), cql=replace(self.cql, seed=seed),
-                       td3bc=replace(self.td3bc, seed=seed), iql=replace(self.iql, seed=seed))
+        return replace(
+            self,
+            bc=replace(self.bc, seed=seed),
+            cql=replace(self.cql, seed=seed),
+            td3bc=replace(self.td3bc, seed=seed),
+            iql=replace(self.iql, seed=seed),
+        )
 
     def offline_steps_of(self, algo: str | None = None) -> int:
         """Stage 2's gradient steps for ``algo`` (default: :attr:`offline_algo`)."""

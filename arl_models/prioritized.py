@@ -158,8 +158,9 @@ def _recompute(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, d: i
         mins[off[d] - off[1] + m] = l0 if l0 < l1 else l1
 
 
-def _tree_update(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, cap: int, idx: np.ndarray,
-                 values: np.ndarray) -> None:
+def _tree_update(
+    sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, cap: int, idx: np.ndarray, values: np.ndarray
+) -> None:
     for i in range(idx.size):
         if idx[i] < 0 or idx[i] >= cap:
             raise IndexError("SumTree.update: index out of range")
@@ -176,7 +177,9 @@ def _tree_update(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, ca
     for d in range(1, off.size - 1):  # level by level: a parent after all its changed children
         for i in range(node.size):
             node[i] = node[i] >> sh if pow2 else node[i] // k
-        if mins.size:  # first load the blocks of minima this level writes (and the next reads): overlapped misses
+        if (
+            mins.size
+        ):  # first load the blocks of minima this level writes (and the next reads): overlapped misses
             o = off[d] - off[1]
             for i in range(node.size):
                 m = node[i] & -k if pow2 else node[i] // k * k
@@ -197,7 +200,7 @@ def _tree_rebuild(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int) -
 
 def _tree_total(sums: np.ndarray, off: np.ndarray) -> float:
     s = 0.0
-    for v in sums[off[-2]:off[-1]]:  # in order, as the running sums of a draw
+    for v in sums[off[-2] : off[-1]]:  # in order, as the running sums of a draw
         s += v
     return s
 
@@ -205,10 +208,10 @@ def _tree_total(sums: np.ndarray, off: np.ndarray) -> float:
 def _tree_min(sums: np.ndarray, mins: np.ndarray, off: np.ndarray) -> float:
     if off.size == 2:  # the leaves are the top
         low = np.inf
-        for v in sums[:off[1]]:
+        for v in sums[: off[1]]:
             low = v if (v != 0.0) & (v < low) else low
         return low
-    top = mins[off[-2] - off[1]:off[-1] - off[1]]
+    top = mins[off[-2] - off[1] : off[-1] - off[1]]
     l0 = l1 = l2 = l3 = np.inf  # four running minima (the top holds a multiple of k entries)
     for j in range(0, top.size - 3, 4):
         l0 = top[j] if top[j] < l0 else l0
@@ -238,8 +241,9 @@ def _top_node(prefix: np.ndarray, sums: np.ndarray, top: int, t: int, x: float, 
     return lo
 
 
-def _tree_draw(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.ndarray,
-               prefix: np.ndarray) -> np.ndarray:
+def _tree_draw(
+    sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.ndarray, prefix: np.ndarray
+) -> np.ndarray:
     top, t = off[-2], off[-1] - off[-2]
     prefix[0] = 0.0
     for j in range(t):  # the top level's running sums (prefix[t] is the total)
@@ -291,8 +295,17 @@ def _leaf_values(p: np.ndarray, c: np.ndarray, alpha: float, freshness: float, r
     return v
 
 
-def _sample(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.ndarray, prefix: np.ndarray,
-            n: int, beta: float, batch_min: bool) -> tuple[np.ndarray, np.ndarray]:
+def _sample(
+    sums: np.ndarray,
+    mins: np.ndarray,
+    off: np.ndarray,
+    k: int,
+    r: np.ndarray,
+    prefix: np.ndarray,
+    n: int,
+    beta: float,
+    batch_min: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     """Slots for the uniforms ``r`` (clipped to the ``n`` filled) and their IS weights."""
     idx = _tree_draw(sums, mins, off, k, r, prefix)
     low = np.inf if batch_min else _tree_min(sums, mins, off)
@@ -306,9 +319,20 @@ def _sample(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, r: np.n
     return idx, w
 
 
-def _set_priorities(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int, cap: int, idx: np.ndarray,
-                    td: np.ndarray, eps: float, alpha: float, freshness: float, ref: int,
-                    inserted: np.ndarray) -> float:
+def _set_priorities(
+    sums: np.ndarray,
+    mins: np.ndarray,
+    off: np.ndarray,
+    k: int,
+    cap: int,
+    idx: np.ndarray,
+    td: np.ndarray,
+    eps: float,
+    alpha: float,
+    freshness: float,
+    ref: int,
+    inserted: np.ndarray,
+) -> float:
     """Leaves ``idx`` from ``p = |td| + eps``; returns the largest ``p``."""
     p = np.empty(idx.size)
     c = np.zeros(idx.size, np.int64)
@@ -322,8 +346,18 @@ def _set_priorities(sums: np.ndarray, mins: np.ndarray, off: np.ndarray, k: int,
     return p.max()
 
 
-_KERNELS = ("_recompute", "_tree_update", "_tree_rebuild", "_tree_total", "_tree_min", "_top_node",
-            "_tree_draw", "_leaf_values", "_sample", "_set_priorities")  # callees before their callers
+_KERNELS = (
+    "_recompute",
+    "_tree_update",
+    "_tree_rebuild",
+    "_tree_total",
+    "_tree_min",
+    "_top_node",
+    "_tree_draw",
+    "_leaf_values",
+    "_sample",
+    "_set_priorities",
+)  # callees before their callers
 _INLINED = ("_recompute", "_top_node")  # into their callers, at numba's level: a call per node costs a third
 _compiled = False
 _compile_lock = threading.Lock()
@@ -371,11 +405,17 @@ class SumTree:
         self._off = np.cumsum([0, *sizes]).astype(np.int64)
         buf = np.zeros(self._off[-1] + 17)
         shift = (-buf.ctypes.data // 8) % 16  # blocks of 16 children on 128-byte boundaries: two cache lines
-        self._sums = buf[shift:shift + self._off[-1] + 1]  # and a last entry, a sink for prefetching loads
+        self._sums = buf[shift : shift + self._off[-1] + 1]  # and a last entry, a sink for prefetching loads
         self._mins = np.full(self._off[-1] - self._off[1] if track_min else 0, np.inf)
         self.sums = [self._sums[a:b] for a, b in zip(self._off[:-1], self._off[1:], strict=True)]
-        self.mins = [self._mins[a - self._off[1]:b - self._off[1]] for a, b in
-                     zip(self._off[1:-1], self._off[2:], strict=True)] if track_min else None
+        self.mins = (
+            [
+                self._mins[a - self._off[1] : b - self._off[1]]
+                for a, b in zip(self._off[1:-1], self._off[2:], strict=True)
+            ]
+            if track_min
+            else None
+        )
         self._prefix = np.zeros(sizes[-1] + 1)  # 0, then the top level's running sums
 
     def total(self) -> float:
@@ -431,8 +471,10 @@ def _rng_state(rng: np.random.Generator) -> torch.Tensor:
 def _set_rng_state(rng: np.random.Generator, t: torch.Tensor) -> None:
     w = [int(x) for x in t.numpy().view(np.uint64)]
     rng.bit_generator.state = {
-        "bit_generator": "PCG64", "state": {"state": w[0] | (w[1] << 64), "inc": w[2] | (w[3] << 64)},
-        "has_uint32": w[4], "uinteger": w[5],
+        "bit_generator": "PCG64",
+        "state": {"state": w[0] | (w[1] << 64), "inc": w[2] | (w[3] << 64)},
+        "has_uint32": w[4],
+        "uinteger": w[5],
     }
 
 
@@ -454,8 +496,14 @@ class PrioritizedReplay:
     ``cfg.seed``, else torch's initial seed; saved in :meth:`state_dict`) unless a torch generator is given.
     """
 
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int, cfg: PERConfig = PERConfig(),
-                 device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        capacity: int,
+        obs_dim: int,
+        act_dim: int,
+        cfg: PERConfig = PERConfig(),
+        device: str | torch.device = "cpu",
+    ):
         self._attach(ReplayBuffer(capacity, obs_dim, act_dim, device), cfg)
 
     @classmethod
@@ -513,8 +561,13 @@ class PrioritizedReplay:
     # ---- priorities -------------------------------------------------------------------------------
     def _leaf(self, p: np.ndarray, c: np.ndarray) -> np.ndarray:
         """``p^alpha * exp(freshness * (c - c_ref))`` for base priorities ``p`` and counters ``c``."""
-        return _leaf_values(np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(c, dtype=np.int64),
-                            float(self.cfg.alpha), float(self.cfg.freshness), self.ref)
+        return _leaf_values(
+            np.ascontiguousarray(p, dtype=np.float64),
+            np.ascontiguousarray(c, dtype=np.int64),
+            float(self.cfg.alpha),
+            float(self.cfg.freshness),
+            self.ref,
+        )
 
     def _rescale_if_needed(self) -> None:
         lam = self.cfg.freshness
@@ -529,7 +582,9 @@ class PrioritizedReplay:
         n = len(arrays["rew"])
         idx_t = self.buffer.add(**arrays)
         idx = idx_t.cpu().numpy()
-        c = self.counter + (n - len(idx)) + np.arange(len(idx), dtype=np.int64)  # rows beyond capacity dropped
+        c = (
+            self.counter + (n - len(idx)) + np.arange(len(idx), dtype=np.int64)
+        )  # rows beyond capacity dropped
         self.counter += n
         self.inserted[idx] = c
         self._rescale_if_needed()
@@ -548,8 +603,20 @@ class PrioritizedReplay:
         if i.shape != td.shape or i.ndim != 1:
             raise ValueError("update_priorities: idx and td_error must be 1-d and of one length")
         t, c = self.tree, self.cfg
-        p_max = _set_priorities(t._sums, t._mins, t._off, t.k, t.capacity, i, td, float(c.eps), float(c.alpha),
-                                float(c.freshness), self.ref, self.inserted)
+        p_max = _set_priorities(
+            t._sums,
+            t._mins,
+            t._off,
+            t.k,
+            t.capacity,
+            i,
+            td,
+            float(c.eps),
+            float(c.alpha),
+            float(c.freshness),
+            self.ref,
+            self.inserted,
+        )
         self.max_priority = max(self.max_priority, float(p_max))
 
     def probabilities(self) -> torch.Tensor:
@@ -562,7 +629,9 @@ class PrioritizedReplay:
             return c.beta
         return c.beta + (c.beta_final - c.beta) * min(1.0, self.samples / c.beta_steps)
 
-    def sample_indices(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_indices(
+        self, batch_size: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``batch_size`` slots drawn from ``P`` and their IS weights (float32), on the buffer's device."""
         n = len(self)
         if n == 0:
@@ -573,15 +642,18 @@ class PrioritizedReplay:
             r = torch.rand(batch_size, dtype=torch.float64, generator=generator).numpy()
         r.sort()  # ascending draws walk the tree (and the rows) in memory order
         t = self.tree
-        idx, w = _sample(t._sums, t._mins, t._off, t.k, r, t._prefix, n, float(self.beta()),
-                         self.cfg.normalize == "batch")
+        idx, w = _sample(
+            t._sums, t._mins, t._off, t.k, r, t._prefix, n, float(self.beta()), self.cfg.normalize == "batch"
+        )
         self.samples += 1
         idx_t, w_t = torch.from_numpy(idx), torch.from_numpy(w)
         if self._rows is None:  # rows on an accelerator
             idx_t, w_t = idx_t.to(self.device), w_t.to(self.device)
         return idx_t, w_t
 
-    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, batch_size: int, generator: torch.Generator | None = None
+    ) -> tuple[Batch, torch.Tensor, torch.Tensor]:
         """``(batch, idx, weights)``: rows drawn from ``P``, their slots and IS weights."""
         idx, w = self.sample_indices(batch_size, generator)
         return self.gather(idx), idx, w

@@ -101,17 +101,31 @@ class RateReading:
 
     @classmethod
     def from_counts(
-        cls, *, interval_s: float, env_steps: int, inference_calls: int, transitions: int, updates: int,
-        update_time_s: float, num_workers: int, utd: float, envs_per_worker: int = 1,
+        cls,
+        *,
+        interval_s: float,
+        env_steps: int,
+        inference_calls: int,
+        transitions: int,
+        updates: int,
+        update_time_s: float,
+        num_workers: int,
+        utd: float,
+        envs_per_worker: int = 1,
     ) -> RateReading:
         """A reading from the counters' increments over one interval."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         return cls(
-            interval_s=interval_s, env_steps_per_s=env_steps / interval_s,
-            inference_calls_per_s=inference_calls / interval_s, produced_per_s=transitions / interval_s,
-            consumed_per_s=updates / utd / interval_s, learner_utilization=min(update_time_s / interval_s, 1.0),
-            num_workers=num_workers, utd=utd, envs_per_worker=envs_per_worker,
+            interval_s=interval_s,
+            env_steps_per_s=env_steps / interval_s,
+            inference_calls_per_s=inference_calls / interval_s,
+            produced_per_s=transitions / interval_s,
+            consumed_per_s=updates / utd / interval_s,
+            learner_utilization=min(update_time_s / interval_s, 1.0),
+            num_workers=num_workers,
+            utd=utd,
+            envs_per_worker=envs_per_worker,
         )
 
     @property
@@ -162,8 +176,16 @@ class RateTuner:
             self._avg, self._fresh = r, 1  # a new setting: start the average afresh
             return r
         w, a = self.targets.ema, self._avg
-        mix = {k: w * getattr(r, k) + (1 - w) * getattr(a, k) for k in (
-            "env_steps_per_s", "inference_calls_per_s", "produced_per_s", "consumed_per_s", "learner_utilization")}
+        mix = {
+            k: w * getattr(r, k) + (1 - w) * getattr(a, k)
+            for k in (
+                "env_steps_per_s",
+                "inference_calls_per_s",
+                "produced_per_s",
+                "consumed_per_s",
+                "learner_utilization",
+            )
+        }
         self._avg = replace(r, **mix)
         self._fresh += 1
         return self._avg
@@ -196,7 +218,9 @@ class RateTuner:
         if raw.produced_per_s <= 0:
             return replace(hold, bottleneck="env", reason="no transitions produced this interval: holding")
         if raw.consumed_per_s <= 0:
-            return replace(hold, bottleneck="learner", reason="learner has not updated yet (warm-up): holding")
+            return replace(
+                hold, bottleneck="learner", reason="learner has not updated yet (warm-up): holding"
+            )
         lo, hi = t.produce_consume * (1 - t.deadband), t.produce_consume * (1 + t.deadband)
         nums = f"produced/consumed {ratio:.2f} (target {t.produce_consume:g}), learner busy {100 * util:.0f}%"
         settling = self._fresh <= t.settle_intervals  # the first readings of a setting carry its transient
@@ -206,22 +230,40 @@ class RateTuner:
             return self._plenty(r, hold, nums, settling)
         return replace(hold, reason=f"{nums}: inside the band")
 
-    def _short(self, r: RateReading, hold: RateDecision, nums: str, few_steps: bool, settling: bool) -> RateDecision:
+    def _short(
+        self, r: RateReading, hold: RateDecision, nums: str, few_steps: bool, settling: bool
+    ) -> RateDecision:
         t = self.targets
         label = "inference" if few_steps else "env"
-        why = "learner waits on data" if r.learner_utilization < t.starved_utilization else "data below target"
-        tip = (f"; {r.step_inference:.2f} env steps per inference call (target {t.step_inference:g}): "
-               f"run {hold.envs_per_worker} envs per worker (batched inference)") if few_steps else ""
+        why = (
+            "learner waits on data" if r.learner_utilization < t.starved_utilization else "data below target"
+        )
+        tip = (
+            (
+                f"; {r.step_inference:.2f} env steps per inference call (target {t.step_inference:g}): "
+                f"run {hold.envs_per_worker} envs per worker (batched inference)"
+            )
+            if few_steps
+            else ""
+        )
         base = replace(hold, bottleneck=label)
         if settling:
             return replace(base, reason=f"{nums}: {why}; settling after the last change{tip}")
         if r.num_workers < t.max_workers:
-            return replace(base, num_workers=r.num_workers + 1, changed=True,
-                           reason=f"{nums}: {why}, adding a worker ({r.num_workers} -> {r.num_workers + 1}){tip}")
+            return replace(
+                base,
+                num_workers=r.num_workers + 1,
+                changed=True,
+                reason=f"{nums}: {why}, adding a worker ({r.num_workers} -> {r.num_workers + 1}){tip}",
+            )
         if r.utd < t.max_utd:
             utd = min(r.utd * t.utd_step, t.max_utd)
-            return replace(base, utd=utd, changed=True,
-                           reason=f"{nums}: {why} and workers at max ({t.max_workers}): raising utd {r.utd:.3g} -> {utd:.3g}{tip}")
+            return replace(
+                base,
+                utd=utd,
+                changed=True,
+                reason=f"{nums}: {why} and workers at max ({t.max_workers}): raising utd {r.utd:.3g} -> {utd:.3g}{tip}",
+            )
         return replace(base, reason=f"{nums}: {why}; workers and utd at their maxima{tip}")
 
     def _plenty(self, r: RateReading, hold: RateDecision, nums: str, settling: bool) -> RateDecision:
@@ -232,12 +274,20 @@ class RateTuner:
             return replace(base, reason=f"{nums}: {why}; settling after the last change")
         if r.utd > t.min_utd:
             utd = max(r.utd / t.utd_step, t.min_utd)
-            return replace(base, utd=utd, changed=True, reason=f"{nums}: {why}, lowering utd {r.utd:.3g} -> {utd:.3g}")
+            return replace(
+                base, utd=utd, changed=True, reason=f"{nums}: {why}, lowering utd {r.utd:.3g} -> {utd:.3g}"
+            )
         if r.num_workers > t.min_workers:
-            return replace(base, num_workers=r.num_workers - 1, changed=True,
-                           reason=f"{nums}: {why} and utd at its minimum: dropping a worker "
-                                  f"({r.num_workers} -> {r.num_workers - 1})")
-        return replace(base, reason=f"{nums}: {why}; utd and workers at their minima (a faster learner device helps)")
+            return replace(
+                base,
+                num_workers=r.num_workers - 1,
+                changed=True,
+                reason=f"{nums}: {why} and utd at its minimum: dropping a worker "
+                f"({r.num_workers} -> {r.num_workers - 1})",
+            )
+        return replace(
+            base, reason=f"{nums}: {why}; utd and workers at their minima (a faster learner device helps)"
+        )
 
     def metrics(self, reading: RateReading, decision: RateDecision) -> dict[str, float]:
         """``pipeline/...`` metrics of one interval: the raw reading and the decision taken on it."""

@@ -54,8 +54,14 @@ class ActionScaler:
 def row_layout(obs_dim: int, act_dim: int) -> dict[str, slice | int]:
     """The column (scalar fields) or columns (vector fields) each field occupies in a row."""
     o, a = obs_dim, act_dim
-    return {"obs": slice(0, o), "act": slice(o, o + a), "rew": o + a, "cost": o + a + 1,
-            "next_obs": slice(o + a + 2, 2 * o + a + 2), "done": 2 * o + a + 2}
+    return {
+        "obs": slice(0, o),
+        "act": slice(o, o + a),
+        "rew": o + a,
+        "cost": o + a + 1,
+        "next_obs": slice(o + a + 2, 2 * o + a + 2),
+        "done": 2 * o + a + 2,
+    }
 
 
 class ReplayBuffer:
@@ -76,7 +82,11 @@ class ReplayBuffer:
 
     @classmethod
     def from_transitions(
-        cls, t: Transitions, scaler: ActionScaler, capacity: int | None = None, device: str | torch.device = "cpu"
+        cls,
+        t: Transitions,
+        scaler: ActionScaler,
+        capacity: int | None = None,
+        device: str | torch.device = "cpu",
     ) -> ReplayBuffer:
         buf = cls(capacity or len(t), t.obs.shape[1], t.action.shape[1], device)
         buf.add_transitions(t, scaler)

@@ -102,7 +102,10 @@ def fit(
     done = finished(out, steps) if resuming else None
     if done is not None:
         if progress:
-            print(f"{out} finished {steps} steps already: its record is returned, nothing is trained", flush=True)
+            print(
+                f"{out} finished {steps} steps already: its record is returned, nothing is trained",
+                flush=True,
+            )
         return done
     if resuming:
         left = load_train_state(out, algo)
@@ -117,7 +120,9 @@ def fit(
     count = 0
     latest: dict[str, float] = {}
     t0, start = time.perf_counter(), algo.step
-    bar = tqdm(total=steps, initial=start, desc=desc or algo.name, disable=not progress, unit="step", smoothing=0.1)
+    bar = tqdm(
+        total=steps, initial=start, desc=desc or algo.name, disable=not progress, unit="step", smoothing=0.1
+    )
     try:
         while algo.step < steps:
             if prioritized is None:

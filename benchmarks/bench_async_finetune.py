@@ -40,11 +40,25 @@ def make_start(task: str, work: Path, data_steps: int, cql_steps: int) -> tuple[
     spec = get_task(task)
     obs_dim, act_dim, low, high, _ = env_dims(spec)
     rng = np.random.default_rng(0)
-    t = rollout(lambda o: rng.uniform(low, high).astype(np.float32), spec, data_steps, seed=0, policy="uniform-random",
-                progress=False)
-    info = DatasetInfo(task=spec.name, env_id=spec.env_id, env_version=spec.env_version, obs_dim=obs_dim,
-                       action_dim=act_dim, action_low=low.tolist(), action_high=high.tolist(), quality="random",
-                       cost_budget=spec.cost_budget)
+    t = rollout(
+        lambda o: rng.uniform(low, high).astype(np.float32),
+        spec,
+        data_steps,
+        seed=0,
+        policy="uniform-random",
+        progress=False,
+    )
+    info = DatasetInfo(
+        task=spec.name,
+        env_id=spec.env_id,
+        env_version=spec.env_version,
+        obs_dim=obs_dim,
+        action_dim=act_dim,
+        action_low=low.tolist(),
+        action_high=high.tolist(),
+        quality="random",
+        cost_budget=spec.cost_budget,
+    )
     data = write_dataset(work / "data", t, info)
     train_cql(data, work / "cql", steps=cql_steps, progress=False, eval_episodes=0)
     return work / "cql", data
@@ -61,7 +75,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--utd", type=float, default=1.0)
     ap.add_argument("--eval-episodes", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each, the order flipping; medians compared")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="runs of each, the order flipping; medians compared"
+    )
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -71,31 +87,69 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="arl-bench-async-") as tmp:
         work = Path(tmp)
         start, data = (a.start, a.data) if a.start else make_start(a.task, work, a.data_steps, a.cql_steps)
-        base = FinetuneConfig(seed=0, steps=a.steps, num_envs=a.workers, vector="async", utd=a.utd, eval_every=0,
-                              eval_episodes=a.eval_episodes)
-        configs = {"sync": base, "async": replace(base, pipeline="async", workers=WorkerConfig(num_workers=a.workers))}
+        base = FinetuneConfig(
+            seed=0,
+            steps=a.steps,
+            num_envs=a.workers,
+            vector="async",
+            utd=a.utd,
+            eval_every=0,
+            eval_episodes=a.eval_episodes,
+        )
+        configs = {
+            "sync": base,
+            "async": replace(base, pipeline="async", workers=WorkerConfig(num_workers=a.workers)),
+        }
         runs: dict[str, list[dict]] = {"sync": [], "async": []}
-        order = [n for i in range(a.repeats) for n in (("sync", "async") if i % 2 == 0 else ("async", "sync"))]
+        order = [
+            n for i in range(a.repeats) for n in (("sync", "async") if i % 2 == 0 else ("async", "sync"))
+        ]
         for i, name in enumerate(order):  # the order flips every repeat, so load from elsewhere falls on both
             t0 = time.perf_counter()
             final = finetune(start, work / f"{name}-{i}", data=data, config=configs[name], progress=False)
             wall = time.perf_counter() - t0
-            r = {"wall_s": wall, "env_steps": final["online/env_steps_total"], "updates": final["online/updates"],
-                 "eval_return": final.get("eval/return"), "eval_cost": final.get("eval/cost"), "load": os.getloadavg()[0]}
+            r = {
+                "wall_s": wall,
+                "env_steps": final["online/env_steps_total"],
+                "updates": final["online/updates"],
+                "eval_return": final.get("eval/return"),
+                "eval_cost": final.get("eval/cost"),
+                "load": os.getloadavg()[0],
+            }
             runs[name].append(r)
-            print(f"{name:5s}: {wall:7.1f} s  {r['env_steps'] / wall:7.0f} env steps/s  {r['updates']:7.0f} updates "
-                  f"(utd {r['updates'] / r['env_steps']:.2f})  eval return {r['eval_return']:.1f} cost {r['eval_cost']:.1f}  "
-                  f"load {r['load']:.2f}", flush=True)
-        results = {n: {"wall_s": statistics.median(r["wall_s"] for r in rs), "runs": rs} for n, rs in runs.items()}
+            print(
+                f"{name:5s}: {wall:7.1f} s  {r['env_steps'] / wall:7.0f} env steps/s  {r['updates']:7.0f} updates "
+                f"(utd {r['updates'] / r['env_steps']:.2f})  eval return {r['eval_return']:.1f} cost {r['eval_cost']:.1f}  "
+                f"load {r['load']:.2f}",
+                flush=True,
+            )
+        results = {
+            n: {"wall_s": statistics.median(r["wall_s"] for r in rs), "runs": rs} for n, rs in runs.items()
+        }
     s, y = results["sync"], results["async"]
-    print(f"\n{a.task}, {a.steps} env steps, {a.workers} workers, utd {a.utd}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}")
-    print(f"median wall time, async / sync: {y['wall_s'] / s['wall_s']:.2f} (below 1: the asynchronous pipeline is faster); "
-          f"speed-up {s['wall_s'] / y['wall_s']:.2f}x")
+    print(
+        f"\n{a.task}, {a.steps} env steps, {a.workers} workers, utd {a.utd}, {os.cpu_count()} cores, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"median wall time, async / sync: {y['wall_s'] / s['wall_s']:.2f} (below 1: the asynchronous pipeline is faster); "
+        f"speed-up {s['wall_s'] / y['wall_s']:.2f}x"
+    )
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"task": a.task, "steps": a.steps, "workers": a.workers, "utd": a.utd,
-                                      "results": results, "load": os.getloadavg()[0]}, indent=2))
+        a.json.write_text(
+            json.dumps(
+                {
+                    "task": a.task,
+                    "steps": a.steps,
+                    "workers": a.workers,
+                    "utd": a.utd,
+                    "results": results,
+                    "load": os.getloadavg()[0],
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,15 @@ def main() -> None:
     obs_dim, act_dim, low, high, _ = env_dims(task)
     torch.manual_seed(0)
     actor = TanhGaussianActor(obs_dim, act_dim, (256, 256))
-    spec = WorkerSpec(task=task.key, obs_dim=obs_dim, act_dim=act_dim, hidden=(256, 256), chunk_steps=a.chunk_steps,
-                      action_low=tuple(low.tolist()), action_high=tuple(high.tolist()))
+    spec = WorkerSpec(
+        task=task.key,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        hidden=(256, 256),
+        chunk_steps=a.chunk_steps,
+        action_low=tuple(low.tolist()),
+        action_high=tuple(high.tolist()),
+    )
     flat = flatten(actor.state_dict())
     kinds = ["gym-async", "process"]
     if not a.no_ray:
@@ -100,19 +107,28 @@ def main() -> None:
     rates: dict[str, float] = {}
     for kind in kinds:
         for k in (1, 2):
-            rate = gym_async(task.key, k, a.seconds, actor) if kind == "gym-async" else ours(kind, spec, k, a.seconds, flat)
+            rate = (
+                gym_async(task.key, k, a.seconds, actor)
+                if kind == "gym-async"
+                else ours(kind, spec, k, a.seconds, flat)
+            )
             rates[f"{kind}-{k}"] = rate
             print(f"{kind}-{k}: {rate:9,.0f} env steps/s", flush=True)
     print(f"\n{a.task}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     for kind in kinds:
-        print(f"{kind:10s} scaling 1 -> 2 workers: {rates[f'{kind}-2'] / rates[f'{kind}-1']:.2f}x (2.00 is linear)")
+        print(
+            f"{kind:10s} scaling 1 -> 2 workers: {rates[f'{kind}-2'] / rates[f'{kind}-1']:.2f}x (2.00 is linear)"
+        )
     for kind in kinds[1:]:
         for k in (1, 2):
             print(f"{kind}-{k} / gym-async-{k}: {rates[f'{kind}-{k}'] / rates[f'gym-async-{k}']:.2f}x")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"task": a.task, "seconds": a.seconds, "rates": rates,
-                                      "load": os.getloadavg()[0]}, indent=2))
+        a.json.write_text(
+            json.dumps(
+                {"task": a.task, "seconds": a.seconds, "rates": rates, "load": os.getloadavg()[0]}, indent=2
+            )
+        )
 
 
 if __name__ == "__main__":

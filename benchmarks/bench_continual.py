@@ -44,44 +44,85 @@ def curves(out: Path) -> dict[str, list[float]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="safe-pendulum")
-    p.add_argument("--data", type=Path, nargs=3, required=True, help="datasets of three versions, oldest first")
-    p.add_argument("--bc-steps", type=int, default=0,
-                   help="behaviour-cloning steps on version 0 whose actor starts CQL, as the pipeline does (0: CQL from scratch)")
+    p.add_argument(
+        "--data", type=Path, nargs=3, required=True, help="datasets of three versions, oldest first"
+    )
+    p.add_argument(
+        "--bc-steps",
+        type=int,
+        default=0,
+        help="behaviour-cloning steps on version 0 whose actor starts CQL, as the pipeline does (0: CQL from scratch)",
+    )
     p.add_argument("--cql-steps", type=int, default=3000, help="CQL steps on version 0")
     p.add_argument("--steps", type=int, default=2000, help="offline steps per new version")
     p.add_argument("--n-action-samples", type=int, default=4)
-    p.add_argument("--conservative-weight", type=float,
-                   help="CQL's conservative weight, every stage of both chains (default: CQLConfig's, 5)")
+    p.add_argument(
+        "--conservative-weight",
+        type=float,
+        help="CQL's conservative weight, every stage of both chains (default: CQLConfig's, 5)",
+    )
     p.add_argument("--actor-lr", type=float, default=3e-4, help="actor and temperature learning rate")
-    p.add_argument("--actor-warmup", type=int, default=0,
-                   help="steps of each stage in which the actor imitates the data while the critics learn")
+    p.add_argument(
+        "--actor-warmup",
+        type=int,
+        default=0,
+        help="steps of each stage in which the actor imitates the data while the critics learn",
+    )
     p.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
-    p.add_argument("--context-dim", type=int,
-                   help="trailing observation entries that FiLM-condition the networks (default: the task's, 3 on the 2.x "
-                        "versions; 0: unconditioned, as before stop 21)")
-    p.add_argument("--context-lr-scale", type=float,
-                   help="the FiLM weights' learning rate as a multiple of their network's, both chains (default: "
-                        "SACConfig's, 30; 1 as before stop 22)")
+    p.add_argument(
+        "--context-dim",
+        type=int,
+        help="trailing observation entries that FiLM-condition the networks (default: the task's, 3 on the 2.x "
+        "versions; 0: unconditioned, as before stop 21)",
+    )
+    p.add_argument(
+        "--context-lr-scale",
+        type=float,
+        help="the FiLM weights' learning rate as a multiple of their network's, both chains (default: "
+        "SACConfig's, 30; 1 as before stop 22)",
+    )
     p.add_argument("--ewc-weight", type=float, help="EWC penalty weight (default: EWCConfig's, 100)")
-    p.add_argument("--decay", type=float, help="online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9)")
-    p.add_argument("--ewc-networks", nargs="+",
-                   help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)")
-    p.add_argument("--rehearsal", type=float, default=0.0,
-                   help="share of each EWC-chain batch drawn from the earlier versions' data (naive never rehearses; "
-                        "with --ewc-weight 0 this is rehearsal alone)")
+    p.add_argument(
+        "--decay", type=float, help="online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9)"
+    )
+    p.add_argument(
+        "--ewc-networks",
+        nargs="+",
+        help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)",
+    )
+    p.add_argument(
+        "--rehearsal",
+        type=float,
+        default=0.0,
+        help="share of each EWC-chain batch drawn from the earlier versions' data (naive never rehearses; "
+        "with --ewc-weight 0 this is rehearsal alone)",
+    )
     p.add_argument("--online-steps", type=int, default=0)
     p.add_argument("--eval-episodes", type=int, default=10)
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="also evaluate both chains on every version each this many steps of a stage (curves in the JSON)")
-    p.add_argument("--no-constraint", action="store_true",
-                   help="train the chain without the offline cost constraint, so scores measure forgetting alone")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also evaluate both chains on every version each this many steps of a stage (curves in the JSON)",
+    )
+    p.add_argument(
+        "--no-constraint",
+        action="store_true",
+        help="train the chain without the offline cost constraint, so scores measure forgetting alone",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-continual"))
-    p.add_argument("--resume", action="store_true", help="continue the run already in --workdir (default: refuse it)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run already in --workdir (default: refuse it)"
+    )
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    if a.workdir.is_dir() and any(a.workdir.iterdir()) and not a.resume:  # every stage resumes what it finds there
-        p.error(f"{a.workdir} already holds a run that would be resumed; pass --resume to continue it, or another --workdir")
+    if (
+        a.workdir.is_dir() and any(a.workdir.iterdir()) and not a.resume
+    ):  # every stage resumes what it finds there
+        p.error(
+            f"{a.workdir} already holds a run that would be resumed; pass --resume to continue it, or another --workdir"
+        )
 
     import torch
 
@@ -96,38 +137,104 @@ def main() -> None:
     t0 = time.perf_counter()
     a.workdir.mkdir(parents=True, exist_ok=True)
     start = a.workdir / "v0-cql"
-    cql = with_given(CQLConfig(hidden=tuple(a.hidden), n_action_samples=a.n_action_samples, actor_lr=a.actor_lr,
-                               temp_lr=a.actor_lr, actor_warmup_steps=a.actor_warmup),
-                     context_lr_scale=a.context_lr_scale, conservative_weight=a.conservative_weight)
+    cql = with_given(
+        CQLConfig(
+            hidden=tuple(a.hidden),
+            n_action_samples=a.n_action_samples,
+            actor_lr=a.actor_lr,
+            temp_lr=a.actor_lr,
+            actor_warmup_steps=a.actor_warmup,
+        ),
+        context_lr_scale=a.context_lr_scale,
+        conservative_weight=a.conservative_weight,
+    )
     bc = None
     if a.bc_steps > 0:
         bc = a.workdir / "v0-bc"
-        train_bc(a.data[0], bc, steps=a.bc_steps, seed=a.seed, config=BCConfig(hidden=tuple(a.hidden)), progress=False,
-                 eval_episodes=0, context_dim=a.context_dim)
-    train_cql(a.data[0], start, steps=a.cql_steps, seed=a.seed, config=cql, progress=False, eval_episodes=0,
-              init_actor=bc, constrained=not a.no_constraint, context_dim=a.context_dim)
-    ewc = with_given(EWCConfig(seed=a.seed, networks=tuple(a.ewc_networks or NETWORKS)), weight=a.ewc_weight, decay=a.decay)
-    cfg = ContinualConfig(seed=a.seed, steps=a.steps, ewc=ewc,
-                          rehearsal=a.rehearsal, online_steps=a.online_steps, eval_episodes=a.eval_episodes,
-                          eval_every=a.eval_every)
+        train_bc(
+            a.data[0],
+            bc,
+            steps=a.bc_steps,
+            seed=a.seed,
+            config=BCConfig(hidden=tuple(a.hidden)),
+            progress=False,
+            eval_episodes=0,
+            context_dim=a.context_dim,
+        )
+    train_cql(
+        a.data[0],
+        start,
+        steps=a.cql_steps,
+        seed=a.seed,
+        config=cql,
+        progress=False,
+        eval_episodes=0,
+        init_actor=bc,
+        constrained=not a.no_constraint,
+        context_dim=a.context_dim,
+    )
+    ewc = with_given(
+        EWCConfig(seed=a.seed, networks=tuple(a.ewc_networks or NETWORKS)), weight=a.ewc_weight, decay=a.decay
+    )
+    cfg = ContinualConfig(
+        seed=a.seed,
+        steps=a.steps,
+        ewc=ewc,
+        rehearsal=a.rehearsal,
+        online_steps=a.online_steps,
+        eval_episodes=a.eval_episodes,
+        eval_every=a.eval_every,
+    )
     ewc_from, naive_from, steps = start, start, []
     for k in (1, 2):
         out = a.workdir / f"v{k}"
-        rep = train_continual(ewc_from, a.data[k], out, previous=list(a.data[:k]), naive_from=naive_from,
-                              config=cfg, progress=False)
-        steps.append({name: {key: rep[name][key] for key in ("start_scores", "scores", "forgetting", "mean_forgetting", "new_score", "best_earlier")}
-                      for name in ("ewc", "naive")} | {"forgetting_ratio": rep["forgetting_ratio"], "new_score_ratio": rep["new_score_ratio"],
-                                                       "criteria": criteria(rep["ewc"], rep["naive"])})
+        rep = train_continual(
+            ewc_from,
+            a.data[k],
+            out,
+            previous=list(a.data[:k]),
+            naive_from=naive_from,
+            config=cfg,
+            progress=False,
+        )
+        steps.append(
+            {
+                name: {
+                    key: rep[name][key]
+                    for key in (
+                        "start_scores",
+                        "scores",
+                        "forgetting",
+                        "mean_forgetting",
+                        "new_score",
+                        "best_earlier",
+                    )
+                }
+                for name in ("ewc", "naive")
+            }
+            | {
+                "forgetting_ratio": rep["forgetting_ratio"],
+                "new_score_ratio": rep["new_score_ratio"],
+                "criteria": criteria(rep["ewc"], rep["naive"]),
+            }
+        )
         if a.eval_every:
             steps[-1]["curves"] = {"ewc": curves(out), "naive": curves(out / "naive")}
         print(json.dumps(steps[-1], indent=2), flush=True)
         ewc_from, naive_from = out, out / "naive"
     report = {
-        "task": a.task, "datasets": [str(d) for d in a.data], "settings": vars(a) | {"data": [str(d) for d in a.data],
-                                                                                     "workdir": str(a.workdir), "json": str(a.json),
-                                                                                     "ewc_weight": ewc.weight, "decay": ewc.decay,
-                                                                                     "conservative_weight": cql.conservative_weight,
-                                                                                     "context_lr_scale": cql.context_lr_scale},
+        "task": a.task,
+        "datasets": [str(d) for d in a.data],
+        "settings": vars(a)
+        | {
+            "data": [str(d) for d in a.data],
+            "workdir": str(a.workdir),
+            "json": str(a.json),
+            "ewc_weight": ewc.weight,
+            "decay": ewc.decay,
+            "conservative_weight": cql.conservative_weight,
+            "context_lr_scale": cql.context_lr_scale,
+        },
         "steps": steps,
         "criteria": {k: all(st["criteria"][k] for st in steps) for k in steps[0]["criteria"]},
         "wall_s": time.perf_counter() - t0,

@@ -26,9 +26,14 @@ def make(n: int, obs_dim: int = 11, act_dim: int = 3) -> Transitions:
     obs = rng.normal(size=(n, obs_dim)).astype(np.float32)
     ep = np.arange(n, dtype=np.int64) // 1000
     return Transitions(
-        obs=obs, action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32), reward=rng.normal(size=n).astype(np.float32),
-        cost=(rng.uniform(size=n) < 0.1).astype(np.float32), next_obs=np.roll(obs, -1, 0),
-        terminated=np.zeros(n, bool), truncated=(np.arange(n) % 1000) == 999, episode_id=ep,
+        obs=obs,
+        action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+        reward=rng.normal(size=n).astype(np.float32),
+        cost=(rng.uniform(size=n) < 0.1).astype(np.float32),
+        next_obs=np.roll(obs, -1, 0),
+        terminated=np.zeros(n, bool),
+        truncated=(np.arange(n) % 1000) == 999,
+        episode_id=ep,
         step=(np.arange(n) % 1000).astype(np.int32),
         **with_metadata(n, env_version="1.0.0", policy_hash="ab" * 32, random_seed=1),
     )
@@ -45,8 +50,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     n = ap.parse_args().rows
     t = make(n)
-    info = DatasetInfo(task="safe-hopper", env_id="Hopper-v5", env_version="1.0.0", obs_dim=11, action_dim=3,
-                       action_low=[-1.0] * 3, action_high=[1.0] * 3, quality="random")
+    info = DatasetInfo(
+        task="safe-hopper",
+        env_id="Hopper-v5",
+        env_version="1.0.0",
+        obs_dim=11,
+        action_dim=3,
+        action_low=[-1.0] * 3,
+        action_high=[1.0] * 3,
+        quality="random",
+    )
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         w_ours, _ = timed(lambda: write_dataset(d / "ours", t, info))
@@ -81,7 +94,11 @@ def main() -> None:
         size = sum(p.stat().st_size for p in (d / "ours").iterdir())
     print(f"rows: {n:,}   ours on disk: {size / 1e6:.1f} MB")
     print(f"{'':22s}{'write s':>10s}{'read s':>10s}")
-    for name, w, r in (("ours (pyarrow)", w_ours, r_ours), ("pandas list columns", w_pd, r_pd), ("h5py arrays (D4RL)", w_h5, r_h5)):
+    for name, w, r in (
+        ("ours (pyarrow)", w_ours, r_ours),
+        ("pandas list columns", w_pd, r_pd),
+        ("h5py arrays (D4RL)", w_h5, r_h5),
+    ):
         print(f"{name:22s}{w:10.2f}{r:10.2f}")
     print(f"ratio pandas/ours: write {w_pd / w_ours:.1f}x, read {r_pd / r_ours:.1f}x")
     print(f"ratio h5py/ours:   write {w_h5 / w_ours:.2f}x, read {r_h5 / r_ours:.2f}x")

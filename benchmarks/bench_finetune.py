@@ -49,15 +49,22 @@ def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) ->
     from arl_models.data.dataset import TRANSITIONS_FILE
 
     config = asdict(replace(cfg, constrained=False))
-    for constraint_only in ("pid", "cost_margin"):  # left out, not set to a default: a changed default keeps the key
+    for constraint_only in (
+        "pid",
+        "cost_margin",
+    ):  # left out, not set to a default: a changed default keeps the key
         del config[constraint_only]
     data = data or Path(read_config(start)["dataset"]["path"])  # as finetune resolves it
 
     def md5(path: Path) -> str:
         return hashlib.md5(path.read_bytes()).hexdigest()
 
-    what = {"start": md5(start / WEIGHTS), "data": md5(data / TRANSITIONS_FILE), "task": task,
-            "config": config}
+    what = {
+        "start": md5(start / WEIGHTS),
+        "data": md5(data / TRANSITIONS_FILE),
+        "task": task,
+        "config": config,
+    }
     key = hashlib.sha1(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return root / f"{task}-unconstrained-s{cfg.seed}-{key}"
 
@@ -93,13 +100,23 @@ def _finetune(start: Path, out: Path, data: Path | None, task: str, cfg, fresh_e
     reused = finished(out, cfg.steps) is not None
     t0 = time.perf_counter()
     final = finetune(start, out, task=task, data=data, config=cfg, progress=False)
-    wall = None if reused else time.perf_counter() - t0  # a reused baseline's time is in the run that trained it
+    wall = (
+        None if reused else time.perf_counter() - t0
+    )  # a reused baseline's time is in the run that trained it
     rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
     best = best_selection(out)
-    if best is not None:  # other starts than the ones it was selected on (arl_models.evaluate.EVAL_SEED onwards)
-        again = evaluate(load_policy(Path(out) / BEST).act, get_task(task), fresh_episodes, seed=777_000 + cfg.seed)
-        best |= {"fresh_return": again.mean_return, "fresh_cost": again.mean_cost, "fresh_episodes": fresh_episodes}
+    if (
+        best is not None
+    ):  # other starts than the ones it was selected on (arl_models.evaluate.EVAL_SEED onwards)
+        again = evaluate(
+            load_policy(Path(out) / BEST).act, get_task(task), fresh_episodes, seed=777_000 + cfg.seed
+        )
+        best |= {
+            "fresh_return": again.mean_return,
+            "fresh_cost": again.mean_cost,
+            "fresh_episodes": fresh_episodes,
+        }
     return {"final": final, "evals": evals, "best": best, "wall_s": wall, "dir": str(out), "reused": reused}
 
 
@@ -111,24 +128,43 @@ def main() -> None:
     p.add_argument("--cql-steps", type=int, default=5000)
     p.add_argument("--steps", type=int, default=12_000, help="online environment steps")
     p.add_argument("--num-envs", type=int, default=4)
-    p.add_argument("--episodes-per-round", type=int, help="episodes between multiplier updates (default: --num-envs)")
+    p.add_argument(
+        "--episodes-per-round", type=int, help="episodes between multiplier updates (default: --num-envs)"
+    )
     p.add_argument("--eval-every", type=int, default=2, help="rounds")
     p.add_argument("--eval-episodes", type=int, default=50, help="episodes per evaluation (fixed starts)")
     p.add_argument("--last-evals", type=int, default=3)
-    p.add_argument("--fresh-episodes", type=int, default=20, help="episodes of each run's best/ policy from fresh starts")
+    p.add_argument(
+        "--fresh-episodes", type=int, default=20, help="episodes of each run's best/ policy from fresh starts"
+    )
     p.add_argument("--conservative", default="none")
     p.add_argument("--utd", type=float, default=1.0, help="gradient updates per environment step (both runs)")
-    p.add_argument("--offline-ratio", type=float, default=0.5, help="share of each batch from the offline data (both runs)")
+    p.add_argument(
+        "--offline-ratio",
+        type=float,
+        default=0.5,
+        help="share of each batch from the offline data (both runs)",
+    )
     p.add_argument("--budget", type=float, help="episode cost budget (default: the task's)")
-    p.add_argument("--cost-margin", type=float, default=0.6, help="share of the budget the multiplier holds in reserve")
+    p.add_argument(
+        "--cost-margin", type=float, default=0.6, help="share of the budget the multiplier holds in reserve"
+    )
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
     p.add_argument("--ki", type=float, default=0.5)
     p.add_argument("--kd", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/arl-bench-finetune"))
-    p.add_argument("--baselines", type=Path, default=Path("/tmp/arl-bench-finetune-baselines"),
-                   help="where unconstrained baselines are kept and reused by runs that differ only in the constraint")
-    p.add_argument("--resume", action="store_true", help="continue the constrained run already in --workdir (default: refuse it)")
+    p.add_argument(
+        "--baselines",
+        type=Path,
+        default=Path("/tmp/arl-bench-finetune-baselines"),
+        help="where unconstrained baselines are kept and reused by runs that differ only in the constraint",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the constrained run already in --workdir (default: refuse it)",
+    )
     p.add_argument("--json", type=Path)
     a = p.parse_args()
 
@@ -142,17 +178,36 @@ def main() -> None:
 
         start = a.workdir / f"cql-{a.task}"
         train_cql(a.data, start, steps=a.cql_steps, seed=a.seed, progress=False, eval_episodes=0)
-    cfg = FinetuneConfig(seed=a.seed, steps=a.steps, num_envs=a.num_envs, episodes_per_round=a.episodes_per_round, eval_every=a.eval_every,
-                         eval_episodes=a.eval_episodes, conservative=a.conservative, utd=a.utd, offline_ratio=a.offline_ratio, cost_budget=a.budget, cost_margin=a.cost_margin,
-                         pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd))
+    cfg = FinetuneConfig(
+        seed=a.seed,
+        steps=a.steps,
+        num_envs=a.num_envs,
+        episodes_per_round=a.episodes_per_round,
+        eval_every=a.eval_every,
+        eval_episodes=a.eval_episodes,
+        conservative=a.conservative,
+        utd=a.utd,
+        offline_ratio=a.offline_ratio,
+        cost_budget=a.budget,
+        cost_margin=a.cost_margin,
+        pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd),
+    )
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
-    dirs = {"constrained": a.workdir / f"{a.task}-constrained-s{a.seed}",
-            "unconstrained": _baseline_dir(a.baselines, start, a.data, a.task, cfg)}
+    dirs = {
+        "constrained": a.workdir / f"{a.task}-constrained-s{a.seed}",
+        "unconstrained": _baseline_dir(a.baselines, start, a.data, a.task, cfg),
+    }
     jobs = [(start, dirs[name], a.data, a.task, c, a.fresh_episodes) for name, c in runs.items()]
-    if dirs["constrained"].exists() and not a.resume:  # a stage resumes what its directory holds: old figures under new settings
-        p.error(f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, or another --workdir")
+    if (
+        dirs["constrained"].exists() and not a.resume
+    ):  # a stage resumes what its directory holds: old figures under new settings
+        p.error(
+            f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, or another --workdir"
+        )
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
-    with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn"), initializer=_die_with, initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(
+        len(jobs), mp_context=mp.get_context("spawn"), initializer=_die_with, initargs=(os.getpid(),)
+    ) as pool:
         results = dict(zip(runs, pool.map(_run, jobs), strict=True))
 
     c = results["constrained"]
@@ -163,26 +218,50 @@ def main() -> None:
         return float(np.mean([e[key] for e in res["evals"][-a.last_evals :]]))
 
     report = {
-        "task": a.task, "from": str(start), "online_steps": a.steps, "budget": budget, "episodes_per_round": a.episodes_per_round or a.num_envs,
-        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd}, "cost_margin": a.cost_margin, "utd": a.utd, "offline_ratio": a.offline_ratio, "eval_episodes": a.eval_episodes, "conservative": a.conservative,
+        "task": a.task,
+        "from": str(start),
+        "online_steps": a.steps,
+        "budget": budget,
+        "episodes_per_round": a.episodes_per_round or a.num_envs,
+        "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd},
+        "cost_margin": a.cost_margin,
+        "utd": a.utd,
+        "offline_ratio": a.offline_ratio,
+        "eval_episodes": a.eval_episodes,
+        "conservative": a.conservative,
         "offline": {"return": r0, "cost": c0},
-        **{name: {"last_eval_return": last(res, "eval/return"), "last_eval_cost": last(res, "eval/cost"),
-                  "cumulative_cost": res["final"]["online/cumulative_cost"],
-                  "violating_episodes": res["final"]["online/violating_episodes"],
-                  "episodes": res["final"]["online/episodes"], "wall_s": res["wall_s"], "best": res["best"],
-                  "dir": res["dir"], "reused": res["reused"],
-                  "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]]}
-           for name, res in results.items()},
+        **{
+            name: {
+                "last_eval_return": last(res, "eval/return"),
+                "last_eval_cost": last(res, "eval/cost"),
+                "cumulative_cost": res["final"]["online/cumulative_cost"],
+                "violating_episodes": res["final"]["online/violating_episodes"],
+                "episodes": res["final"]["online/episodes"],
+                "wall_s": res["wall_s"],
+                "best": res["best"],
+                "dir": res["dir"],
+                "reused": res["reused"],
+                "evals": [(e["step"], e["eval/return"], e["eval/cost"]) for e in res["evals"]],
+            }
+            for name, res in results.items()
+        },
     }
+
     def return_and_cost(ret: float, cost: float) -> dict[str, bool]:
-        return {"return_20pct_above_offline": ret - r0 >= 0.2 * abs(r0), "cost_at_or_below_budget": cost <= budget}
+        return {
+            "return_20pct_above_offline": ret - r0 >= 0.2 * abs(r0),
+            "cost_at_or_below_budget": cost <= budget,
+        }
 
     rc = report["constrained"]
     report["criteria"] = return_and_cost(rc["last_eval_return"], rc["last_eval_cost"]) | {
-        "cumulative_cost_at_most_half_of_unconstrained": rc["cumulative_cost"] <= 0.5 * report["unconstrained"]["cumulative_cost"],
+        "cumulative_cost_at_most_half_of_unconstrained": rc["cumulative_cost"]
+        <= 0.5 * report["unconstrained"]["cumulative_cost"],
     }
     best = rc["best"]  # None only if not even the start was within the budget
-    report["criteria_best_policy"] = None if best is None else return_and_cost(best["fresh_return"], best["fresh_cost"])
+    report["criteria_best_policy"] = (
+        None if best is None else return_and_cost(best["fresh_return"], best["fresh_cost"])
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:

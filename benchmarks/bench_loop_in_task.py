@@ -27,8 +27,11 @@ def main() -> None:
     ap.add_argument("--preset", default="demo")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="arl-loop-"))
-    os.environ.update(PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                      PREFECT_LOGGING_LEVEL="WARNING")
+    os.environ.update(
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+    )
 
     from arl_models.online import FinetuneConfig, finetune
     from arl_models.presets import get_preset
@@ -39,8 +42,11 @@ def main() -> None:
     def run(tag: str) -> None:
         t0 = time.perf_counter()
         m = finetune(args.start, home / tag, data=args.data, config=cfg, progress=False)
-        print(f"{tag:<26} wall {time.perf_counter() - t0:6.1f} s   loop {m['wall_time_s']:6.1f} s   "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"{tag:<26} wall {time.perf_counter() - t0:6.1f} s   loop {m['wall_time_s']:6.1f} s   "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
 
     run("bare")
     from prefect import flow, task

@@ -64,7 +64,9 @@ def main() -> None:
     torch.set_num_threads(1)
     rates = interleaved(contestants(a.preset, a.rows, 0), a.steps, a.rounds, warmup=50)
     med = summary(rates)
-    print(f"steps/s, median of {a.rounds} interleaved rounds of {a.steps} steps, preset {a.preset}, one thread")
+    print(
+        f"steps/s, median of {a.rounds} interleaved rounds of {a.steps} steps, preset {a.preset}, one thread"
+    )
     for name, r in med.items():
         algo = name.split("/")[1].split("+")[0]
         ratio = r / med[f"d3rlpy/{algo}"]

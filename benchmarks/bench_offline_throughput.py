@@ -217,7 +217,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     # the fused critic pass under bf16 autocast (float32 weights and losses): an opt-in precision, timed
     # only where the CPU computes bf16 natively (AVX512-BF16 / AMX); elsewhere it is emulated, ~7x slower
-    cpu = {"capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+    cpu = {
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    }
     bf16_native = cpu["native_bf16"]
     print(f"CPU capability {cpu['capability']}, native bf16: {bf16_native}")
     if bf16_native:
@@ -337,7 +340,11 @@ def report(r: dict) -> None:
         rounds = " ".join(f"{x:.1f}" for x in c["steps_per_s_rounds"][k])
         print(f"{k:18s} {v:9.2f} {rounds:>40s}")
     bf16 = c["ratio_bf16_critic"]
-    bf16_text = f"{bf16:.2f}x with the bf16 critic pass" if bf16 is not None else "bf16 critic pass not timed (no native bf16)"
+    bf16_text = (
+        f"{bf16:.2f}x with the bf16 critic pass"
+        if bf16 is not None
+        else "bf16 critic pass not timed (no native bf16)"
+    )
     print(f"ratio ours/d3rlpy (sample + update): {c['ratio']:.2f}x float32, {bf16_text}   (target >= 1.3x)")
     u = c["update_only_steps_per_s"]
     print(

@@ -89,7 +89,9 @@ def main() -> None:
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--bc-steps", type=int, default=None)
     ap.add_argument("--cql-steps", type=int, default=None)
-    ap.add_argument("--finetune-steps", type=int, default=None, help="stage 3 env steps (default: the preset's)")
+    ap.add_argument(
+        "--finetune-steps", type=int, default=None, help="stage 3 env steps (default: the preset's)"
+    )
     ap.add_argument("--episodes", type=int, default=10, help="final evaluation episodes")
     ap.add_argument("--home", type=Path, default=None, help="state directory (default: a temporary one)")
     args = ap.parse_args()
@@ -116,7 +118,10 @@ def main() -> None:
         p = get_preset(args.preset)
         # what tasks.train builds for the stage from the flow's defaults (4 sync envs, the preset's episodes)
         cfg = FinetuneConfig(
-            seed=0, steps=args.finetune_steps or p.finetune_steps, vector="sync", eval_episodes=p.eval_episodes
+            seed=0,
+            steps=args.finetune_steps or p.finetune_steps,
+            vector="sync",
+            eval_episodes=p.eval_episodes,
         )
         finetune(last, bare / "finetune", data=repo / name, config=cfg, progress=False)
         last = bare / "finetune"
@@ -142,7 +147,10 @@ def main() -> None:
         state = offline_to_online_flow(
             DatasetRef(path=version["path"], version=version["md5"]),
             TrainingConfig(
-                preset=args.preset, seed=0, bc_steps=args.bc_steps, cql_steps=args.cql_steps,
+                preset=args.preset,
+                seed=0,
+                bc_steps=args.bc_steps,
+                cql_steps=args.cql_steps,
                 finetune_steps=args.finetune_steps,
             ),
             GateConfig(eval_episodes=args.episodes),

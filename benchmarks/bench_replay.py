@@ -42,7 +42,9 @@ def make_rows(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     return {k: torch.rand((n, *s), generator=g) for k, s in FIELDS.items()}
 
 
-def ours(rows: dict[str, torch.Tensor], cfg: PERConfig, batch: int, tds: list[torch.Tensor]) -> Callable[[], None]:
+def ours(
+    rows: dict[str, torch.Tensor], cfg: PERConfig, batch: int, tds: list[torch.Tensor]
+) -> Callable[[], None]:
     n = len(rows["rew"])
     per = PrioritizedReplay(n, OBS, ACT, cfg)
     per.add(**{k: v.numpy() for k, v in rows.items()})
@@ -55,8 +57,9 @@ def ours(rows: dict[str, torch.Tensor], cfg: PERConfig, batch: int, tds: list[to
     return step
 
 
-def torchrl_peer(rows: dict[str, torch.Tensor], alpha: float, beta: float, batch: int,
-                 tds: list[torch.Tensor]) -> Callable[[], None]:
+def torchrl_peer(
+    rows: dict[str, torch.Tensor], alpha: float, beta: float, batch: int, tds: list[torch.Tensor]
+) -> Callable[[], None]:
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
 
@@ -99,7 +102,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--extra", action="store_true", help="also time ours with freshness and with batch-max weights")
+    ap.add_argument(
+        "--extra", action="store_true", help="also time ours with freshness and with batch-max weights"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -118,15 +123,24 @@ def main() -> None:
         peer = f"torchrl {torchrl.__version__}"
     else:
         peer = None
-        print(f"TorchRL is not importable here ({why}): timing ours alone. "
-              "Run it in .venv-torchrl (make bench-torchrl-env) for the comparison.")
+        print(
+            f"TorchRL is not importable here ({why}): timing ours alone. "
+            "Run it in .venv-torchrl (make bench-torchrl-env) for the comparison."
+        )
     if args.extra:
-        contestants["ours+freshness"] = ours(rows, PERConfig(alpha=args.alpha, beta=args.beta,
-                                                             freshness=half_life_freshness(100_000)), args.batch, tds)
-        contestants["ours(batch-max w)"] = ours(rows, PERConfig(alpha=args.alpha, beta=args.beta, normalize="batch"),
-                                                args.batch, tds)
-    print(f"capacity {args.capacity:,}  batch {args.batch}  alpha {args.alpha}  beta {args.beta}  "
-          f"torch {torch.__version__} ({args.threads} thread)  {peer or 'no peer'}  load {load0[0]:.2f}")
+        contestants["ours+freshness"] = ours(
+            rows,
+            PERConfig(alpha=args.alpha, beta=args.beta, freshness=half_life_freshness(100_000)),
+            args.batch,
+            tds,
+        )
+        contestants["ours(batch-max w)"] = ours(
+            rows, PERConfig(alpha=args.alpha, beta=args.beta, normalize="batch"), args.batch, tds
+        )
+    print(
+        f"capacity {args.capacity:,}  batch {args.batch}  alpha {args.alpha}  beta {args.beta}  "
+        f"torch {torch.__version__} ({args.threads} thread)  {peer or 'no peer'}  load {load0[0]:.2f}"
+    )
     for step in contestants.values():
         rate(step, 0.5)  # warm-up
     results: dict[str, list[float]] = {k: [] for k in contestants}
@@ -134,18 +148,31 @@ def main() -> None:
         names = list(contestants) if r % 2 == 0 else list(reversed(contestants))
         for name in names:
             results[name].append(rate(contestants[name], args.seconds))
-        print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1]:.0f}/s" for k, v in results.items()) + f"  load {os.getloadavg()[0]:.2f}")
+        print(
+            f"round {r + 1}: "
+            + "  ".join(f"{k} {v[-1]:.0f}/s" for k, v in results.items())
+            + f"  load {os.getloadavg()[0]:.2f}"
+        )
     med = {k: statistics.median(v) for k, v in results.items()}
     print("median batches/s: " + "  ".join(f"{k} {v:.0f}" for k, v in med.items()))
-    out = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": results, "median": med,
-           "load_before": load0, "load_after": os.getloadavg(), "torch": torch.__version__, "peer": peer}
+    out = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rounds": results,
+        "median": med,
+        "load_before": load0,
+        "load_after": os.getloadavg(),
+        "torch": torch.__version__,
+        "peer": peer,
+    }
     if "torchrl" in med:
         per_round = [a / b for a, b in zip(results["ours"], results["torchrl"], strict=True)]
         out["ratio"] = med["ours"] / med["torchrl"]
         out["ratio_per_round"] = per_round
         print("ratio per round: " + " ".join(f"{x:.2f}" for x in per_round))
-        print(f"ratio ours / torchrl: {out['ratio']:.2f}x of the medians, {statistics.median(per_round):.2f}x "
-              "median of the rounds (target >= 5x)")
+        print(
+            f"ratio ours / torchrl: {out['ratio']:.2f}x of the medians, {statistics.median(per_round):.2f}x "
+            "median of the rounds (target >= 5x)"
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

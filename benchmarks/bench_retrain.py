@@ -49,12 +49,21 @@ def last_run(home: Path) -> dict:
 
     c = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
     exp = c.get_experiment_by_name("arl-safe-pendulum")
-    run = c.search_runs([exp.experiment_id], filter_string="tags.`arl.task` = 'safe-pendulum'",  # parent runs
-                        order_by=["attributes.start_time DESC"], max_results=1)[0]
+    run = c.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`arl.task` = 'safe-pendulum'",  # parent runs
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )[0]
     m, t = run.data.metrics, run.data.tags
-    return {"score": m.get("score"), "mean_cost": m.get("mean_cost"), "forgetting": m.get("forgetting"),
-            "verdict": t.get("arl.promotion"), "reason": t.get("arl.promotion.reason", ""),
-            "stages": {k.split("/")[0]: v for k, v in m.items() if k.endswith("/score")}}
+    return {
+        "score": m.get("score"),
+        "mean_cost": m.get("mean_cost"),
+        "forgetting": m.get("forgetting"),
+        "verdict": t.get("arl.promotion"),
+        "reason": t.get("arl.promotion.reason", ""),
+        "stages": {k.split("/")[0]: v for k, v in m.items() if k.endswith("/score")},
+    }
 
 
 def cell(root: Path, base: str, new: str, seed: int) -> dict:
@@ -66,9 +75,17 @@ def cell(root: Path, base: str, new: str, seed: int) -> dict:
     scratch_s = arl(scratch, "pipeline", "run", "--task", f"safe-pendulum@{new}", "--seed", str(seed))
     fresh = last_run(scratch)
     ratio = retrain["score"] / fresh["score"] if fresh["score"] and fresh["score"] > 0 else None
-    return {"base": base, "new": new, "seed": seed, "first": first, "retrain": retrain, "scratch": fresh,
-            "score_ratio": ratio, "wall_s": {"first": first_s, "retrain": retrain_s, "scratch": scratch_s},
-            "wall_ratio": retrain_s / first_s}
+    return {
+        "base": base,
+        "new": new,
+        "seed": seed,
+        "first": first,
+        "retrain": retrain,
+        "scratch": fresh,
+        "score_ratio": ratio,
+        "wall_s": {"first": first_s, "retrain": retrain_s, "scratch": scratch_s},
+        "wall_ratio": retrain_s / first_s,
+    }
 
 
 def main() -> None:
@@ -81,17 +98,29 @@ def main() -> None:
     root = args.root or Path(tempfile.mkdtemp(prefix="arl-bench-retrain-"))
     cells = [(b, n) for b, ns in CHAINS.items() for n in ns if not args.versions or n in args.versions]
     for v in sorted({v for b, n in cells for v in (b, n)}):  # behaviour runs, cached, outside the timings
-        arl(root / "warm", "data", "generate", "-t", f"safe-pendulum@{v}", "-q", "medium-replay",
-            "-o", str(root / "warm" / v))
+        arl(
+            root / "warm",
+            "data",
+            "generate",
+            "-t",
+            f"safe-pendulum@{v}",
+            "-q",
+            "medium-replay",
+            "-o",
+            str(root / "warm" / v),
+        )
     rows = []
     for seed in args.seeds:
         for base, new in cells:
             r = cell(root, base, new, seed)
             rows.append(r)
-            print(f"{base} -> {new} seed {seed}: retrain {r['retrain']['score']:.1f} ({r['retrain']['verdict']}, "
-                  f"forgetting {r['retrain']['forgetting']}), scratch {r['scratch']['score']:.1f}, ratio "
-                  f"{r['score_ratio'] if r['score_ratio'] is None else round(r['score_ratio'], 2)}, wall x{r['wall_ratio']:.2f}"
-                  f"\n  {r['retrain']['reason']}", flush=True)
+            print(
+                f"{base} -> {new} seed {seed}: retrain {r['retrain']['score']:.1f} ({r['retrain']['verdict']}, "
+                f"forgetting {r['retrain']['forgetting']}), scratch {r['scratch']['score']:.1f}, ratio "
+                f"{r['score_ratio'] if r['score_ratio'] is None else round(r['score_ratio'], 2)}, wall x{r['wall_ratio']:.2f}"
+                f"\n  {r['retrain']['reason']}",
+                flush=True,
+            )
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"root": str(root), "rows": rows}, indent=2) + "\n")

@@ -50,31 +50,53 @@ def dataset(root: Path, preset: str) -> Path:
     rng = np.random.default_rng(0)
     step = np.tile(np.arange(length), n // length).astype(np.int32)
     t = Transitions(
-        obs=rng.normal(size=(n, obs_dim)).astype(np.float32), action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
-        reward=rng.normal(size=n).astype(np.float32), cost=rng.uniform(size=n).astype(np.float32),
-        next_obs=rng.normal(size=(n, obs_dim)).astype(np.float32), terminated=np.zeros(n, bool),
-        truncated=step == length - 1, episode_id=np.repeat(np.arange(n // length), length).astype(np.int64), step=step,
+        obs=rng.normal(size=(n, obs_dim)).astype(np.float32),
+        action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+        reward=rng.normal(size=n).astype(np.float32),
+        cost=rng.uniform(size=n).astype(np.float32),
+        next_obs=rng.normal(size=(n, obs_dim)).astype(np.float32),
+        terminated=np.zeros(n, bool),
+        truncated=step == length - 1,
+        episode_id=np.repeat(np.arange(n // length), length).astype(np.int64),
+        step=step,
         **with_metadata(n, env_version="1.0.0", policy_hash="ab" * 32, random_seed=0),
     )
     spec = get_task(task)
-    info = DatasetInfo(task=task, env_id=spec.env_id, env_version="1.0.0", obs_dim=obs_dim, action_dim=act_dim,
-                       action_low=[-1.0] * act_dim, action_high=[1.0] * act_dim, quality="random",
-                       ref_random_return=None, ref_expert_return=None, cost_budget=spec.cost_budget)
+    info = DatasetInfo(
+        task=task,
+        env_id=spec.env_id,
+        env_version="1.0.0",
+        obs_dim=obs_dim,
+        action_dim=act_dim,
+        action_low=[-1.0] * act_dim,
+        action_high=[1.0] * act_dim,
+        quality="random",
+        ref_random_return=None,
+        ref_expert_return=None,
+        cost_budget=spec.cost_budget,
+    )
     return write_dataset(root / preset, t, info)
 
 
 def cell(data: Path, preset: str, threads: int, steps: int, root: Path) -> float:
     out = Path(tempfile.mkdtemp(dir=root))
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    res = subprocess.run([sys.executable, "-c", RUN, str(data), str(out), preset, str(threads), str(steps)],
-                         capture_output=True, text=True, env=env, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", RUN, str(data), str(out), preset, str(threads), str(steps)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     return float(res.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--loads", type=int, nargs="+", default=[0, 1, 2], help="cores kept busy by other processes")
+    p.add_argument(
+        "--loads", type=int, nargs="+", default=[0, 1, 2], help="cores kept busy by other processes"
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     cores = os.cpu_count() or 1
@@ -93,10 +115,20 @@ def main() -> None:
                 stop.set()
                 for proc in loaders:
                     proc.join()
-                rows.append({"preset": preset, "busy_cores": load, "threads_1": one, f"threads_{cores}": default,
-                             "ratio_1_over_default": one / default})
-                print(f"{preset:5s} busy {load}/{cores}: 1 thread {one:7.1f} steps/s, {cores} threads {default:7.1f} "
-                      f"steps/s, ratio x{one / default:.2f}", flush=True)
+                rows.append(
+                    {
+                        "preset": preset,
+                        "busy_cores": load,
+                        "threads_1": one,
+                        f"threads_{cores}": default,
+                        "ratio_1_over_default": one / default,
+                    }
+                )
+                print(
+                    f"{preset:5s} busy {load}/{cores}: 1 thread {one:7.1f} steps/s, {cores} threads {default:7.1f} "
+                    f"steps/s, ratio x{one / default:.2f}",
+                    flush=True,
+                )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"cores": cores, "steps": args.steps, "rows": rows}, indent=2) + "\n")

@@ -46,13 +46,25 @@ def behaviour(env_id: str, steps: int, seed: int, cache: Path, replay_out: Path 
         n = rb.buffer_size if rb.full else rb.pos
         timeouts = rb.timeouts[:n, 0].astype(bool)
         d = {
-            "observations": rb.observations[:n, 0], "actions": rb.actions[:n, 0], "rewards": rb.rewards[:n, 0],
-            "terminals": rb.dones[:n, 0].astype(bool) & ~timeouts, "timeouts": timeouts,
+            "observations": rb.observations[:n, 0],
+            "actions": rb.actions[:n, 0],
+            "rewards": rb.rewards[:n, 0],
+            "terminals": rb.dones[:n, 0].astype(bool) & ~timeouts,
+            "timeouts": timeouts,
             "next_observations": rb.next_observations[:n, 0],
         }
         d["timeouts"][-1] = not d["terminals"][-1]
-        write_hdf5(replay_out, d, summarise(d) | {"env": env_id, "behaviour": "stable-baselines3 SAC replay",
-                                                   "train_steps": steps, "seed": seed})
+        write_hdf5(
+            replay_out,
+            d,
+            summarise(d)
+            | {
+                "env": env_id,
+                "behaviour": "stable-baselines3 SAC replay",
+                "train_steps": steps,
+                "seed": seed,
+            },
+        )
     return model, time.perf_counter() - t0
 
 
@@ -74,14 +86,21 @@ def rollout(model, env_id: str, transitions: int, noise: float, seed: int) -> di
         if term or trunc:
             obs, _ = env.reset()
     out["timeouts"][-1] = not out["terminals"][-1]  # the file ends an episode: cut at its last step
-    return {k: np.asarray(v, np.float32 if k not in ("terminals", "timeouts") else bool) for k, v in out.items()}
+    return {
+        k: np.asarray(v, np.float32 if k not in ("terminals", "timeouts") else bool) for k, v in out.items()
+    }
 
 
 def summarise(d: dict[str, np.ndarray]) -> dict:
     ends = d["terminals"] | d["timeouts"]
     returns = np.bincount(np.r_[0, np.cumsum(ends)[:-1]], weights=d["rewards"])
-    return {"transitions": len(ends), "episodes": int(ends.sum()), "return_mean": float(returns.mean()),
-            "return_std": float(returns.std()), "saturated_share": float((np.abs(d["actions"]) >= 1.0).mean())}
+    return {
+        "transitions": len(ends),
+        "episodes": int(ends.sum()),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "saturated_share": float((np.abs(d["actions"]) >= 1.0).mean()),
+    }
 
 
 def write_hdf5(out: Path, d: dict[str, np.ndarray], summary: dict) -> None:
@@ -100,18 +119,26 @@ def main() -> None:
     p.add_argument("--env", default="Hopper-v5")
     p.add_argument("--train-steps", type=int, default=125_000)
     p.add_argument("--transitions", type=int, default=100_000)
-    p.add_argument("--noise", type=float, default=0.1, help="Gaussian noise std, as a share of half the action range")
+    p.add_argument(
+        "--noise", type=float, default=0.1, help="Gaussian noise std, as a share of half the action range"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "arl" / "sb3")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--replay-out", type=Path, help="Also write the behaviour's training replay (medium-replay)")
+    p.add_argument(
+        "--replay-out", type=Path, help="Also write the behaviour's training replay (medium-replay)"
+    )
     a = p.parse_args()
     torch.set_num_threads(1)
     model, train_s = behaviour(a.env, a.train_steps, a.seed, a.cache, a.replay_out)
     d = rollout(model, a.env, a.transitions, a.noise, a.seed + 1)
     summary = summarise(d) | {
-        "env": a.env, "behaviour": "stable-baselines3 SAC", "train_steps": a.train_steps, "seed": a.seed,
-        "noise": a.noise, "behaviour_train_s": train_s,
+        "env": a.env,
+        "behaviour": "stable-baselines3 SAC",
+        "train_steps": a.train_steps,
+        "seed": a.seed,
+        "noise": a.noise,
+        "behaviour_train_s": train_s,
     }
     write_hdf5(a.out, d, summary)
     print(json.dumps(summary, indent=2))

@@ -167,9 +167,19 @@ def d3rlpy_cql(
 def d3rlpy_cql_like(dataset: Any, cfg: Any, *, alpha_lr: float, **kw: Any) -> Any:
     """d3rlpy's CQL with the networks, batch, samples and learning rates of our ``CQLConfig``."""
     return d3rlpy_cql(
-        dataset, hidden=cfg.hidden, batch_size=cfg.batch_size, n_action_samples=cfg.n_action_samples,
-        n_critics=cfg.n_critics, actor_lr=cfg.actor_lr, critic_lr=cfg.critic_lr, temp_lr=cfg.temp_lr,
-        alpha_lr=alpha_lr, conservative_weight=cfg.conservative_weight, gamma=cfg.gamma, tau=cfg.tau, **kw,
+        dataset,
+        hidden=cfg.hidden,
+        batch_size=cfg.batch_size,
+        n_action_samples=cfg.n_action_samples,
+        n_critics=cfg.n_critics,
+        actor_lr=cfg.actor_lr,
+        critic_lr=cfg.critic_lr,
+        temp_lr=cfg.temp_lr,
+        alpha_lr=alpha_lr,
+        conservative_weight=cfg.conservative_weight,
+        gamma=cfg.gamma,
+        tau=cfg.tau,
+        **kw,
     )
 
 

@@ -55,7 +55,12 @@ def _make_and_version(
         logger.info("dataset %s already in %s: versioning it as it is", out.name, repo_dir)
     elif source.kind == "generate":
         generate_dataset_task(
-            source.task, source.quality, str(out), source.transitions, source.seed, source.behaviour_steps,
+            source.task,
+            source.quality,
+            str(out),
+            source.transitions,
+            source.seed,
+            source.behaviour_steps,
             source.cost_penalty,
         )
     else:

@@ -95,7 +95,9 @@ def offline_to_online_flow(
     logger = get_run_logger()
     paths = state_paths()
     uri = paths.mlflow_uri
-    data = pull_dataset_task(str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version)
+    data = pull_dataset_task(
+        str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version
+    )
     task_name = data["task"]
     model_name = gate.model_name or f"arl-{task_name}"
     commit = git_commit()
@@ -152,7 +154,9 @@ def offline_to_online_flow(
             failed_stage = "ewc"
             start = earlier_versions(model_name, data, data["repo"], runs, uri)
             if start is not None:
-                final, forgetting = _retrain_candidate(stage if not diverged else None, stages, start, data, gate, notes)
+                final, forgetting = _retrain_candidate(
+                    stage if not diverged else None, stages, start, data, gate, notes
+                )
         if diverged:
             notes.append(f"the gate judges {final['stage']}")
         failed_stage = "evaluate"
@@ -180,7 +184,10 @@ def offline_to_online_flow(
             parent_run_id=run_id,
             tracking_uri=uri,
             scored_as={
-                "policy": evaluation["policy"], "episodes": gate.eval_episodes, "seed": gate.eval_seed, "runs_dir": runs,
+                "policy": evaluation["policy"],
+                "episodes": gate.eval_episodes,
+                "seed": gate.eval_seed,
+                "runs_dir": runs,
             },
             note="; ".join(notes),
             siblings=[v["version"] for v, s in zip(versions, stages, strict=True) if s is not final],

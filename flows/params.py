@@ -47,14 +47,22 @@ class TrainingConfig(BaseModel):
     eval_episodes: int | None = Field(
         None, ge=0, description="Evaluation episodes during training (empty: the preset's)."
     )
-    threads: int | None = Field(None, gt=0, description="torch threads of each stage's learner (empty: the preset's).")
-    constrained: bool = Field(True, description="Hold stage 2's actor to the dataset's cost budget (Lagrangian).")
+    threads: int | None = Field(
+        None, gt=0, description="torch threads of each stage's learner (empty: the preset's)."
+    )
+    constrained: bool = Field(
+        True, description="Hold stage 2's actor to the dataset's cost budget (Lagrangian)."
+    )
     finetune_steps: int | None = Field(
-        None, ge=0, description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it)."
+        None,
+        ge=0,
+        description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it).",
     )
     finetune_envs: int = Field(4, gt=0, description="Parallel environments during fine-tuning.")
     finetune_budget: float | None = Field(
-        None, gt=0, description="Episode cost budget fine-tuning holds to and keeps its best policy within (empty: the task's)."
+        None,
+        gt=0,
+        description="Episode cost budget fine-tuning holds to and keeps its best policy within (empty: the task's).",
     )
     finetune_vector: Literal["sync", "async"] = Field(
         "sync", description="sync: environments in the flow's process; async: one worker process each."
@@ -68,10 +76,14 @@ class TrainingConfig(BaseModel):
         ),
     )
     ewc_weight: float | None = Field(
-        None, ge=0, description="Weight of the EWC penalty protecting earlier versions (empty: the library's, 100)."
+        None,
+        ge=0,
+        description="Weight of the EWC penalty protecting earlier versions (empty: the library's, 100).",
     )
     rehearsal: float = Field(
-        0.0, ge=0, lt=1,
+        0.0,
+        ge=0,
+        lt=1,
         description="Share of each EWC-stage batch drawn from the earlier versions' datasets (0: the new data alone).",
     )
 
@@ -97,7 +109,11 @@ class TrainingConfig(BaseModel):
             if self.finetune_budget is not None:
                 settings["cost_budget"] = self.finetune_budget
         if stage == "ewc":
-            settings |= {"ewc_weight": self.ewc_weight, "rehearsal": self.rehearsal, "online_steps": self.finetune_steps}
+            settings |= {
+                "ewc_weight": self.ewc_weight,
+                "rehearsal": self.rehearsal,
+                "online_steps": self.finetune_steps,
+            }
         return settings
 
 
@@ -106,7 +122,8 @@ class GateConfig(BaseModel):
 
     model_name: str | None = Field(None, description="Registered model (empty: arl-<task>).")
     eval_episodes: int = Field(
-        50, gt=0,
+        50,
+        gt=0,
         description="Episodes of the final evaluation (its start states decide a mean cost: one safe-pendulum "
         "policy paid 12.4 and 6.6 on two sets of 10 starts, 10.3 and 8.0 on two sets of 50).",
     )
@@ -140,7 +157,9 @@ class IngestSource(BaseModel):
         None, gt=0, description="Steps of the behaviour SAC (empty: the task's)."
     )
     cost_penalty: float = Field(
-        0.0, ge=0, description="k: the behaviour SAC learns reward - k * cost, so the data hold safe episodes."
+        0.0,
+        ge=0,
+        description="k: the behaviour SAC learns reward - k * cost, so the data hold safe episodes.",
     )
     source: str | None = Field(
         None, description="import: a Minari directory, a D4RL .hdf5 file or a dataset directory."

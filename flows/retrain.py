@@ -37,7 +37,9 @@ def retrain_on_new_data_flow(
     paths = state_paths()
     if not dataset.version:
         logger.warning("no version given: training on the latest committed version of %s", dataset.path)
-    data = pull_dataset_task(str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version)
+    data = pull_dataset_task(
+        str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version
+    )
     model_name = gate.model_name or f"arl-{data['task']}"
     earlier = _champion_dataset(model_name, paths.mlflow_uri)
     logger.info(

@@ -92,7 +92,12 @@ def earlier_versions(
 
 @task(name="measure_candidate", retries=0, task_run_name="measure {stage}")
 def measure_candidate(
-    stage: str, checkpoint: str, start: dict[str, Any], data_dir: str, episodes: int, seed: int,
+    stage: str,
+    checkpoint: str,
+    start: dict[str, Any],
+    data_dir: str,
+    episodes: int,
+    seed: int,
     known: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """What the retraining rule weighs for ``stage``'s policy: its mean forgetting on the versions of
@@ -109,12 +114,20 @@ def measure_candidate(
         r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes)
         known = {"forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
     res = evaluate_checkpoint(handed_over(checkpoint), version_key(infos[-1]), episodes, seed)
-    get_run_logger().info("%s forgets %.2f, scores %.2f on the new version at a mean cost of %.2f (budget %g)",
-                          stage, known["forgetting"], known["new_score"], res.mean_cost, res.cost_budget)
+    get_run_logger().info(
+        "%s forgets %.2f, scores %.2f on the new version at a mean cost of %.2f (budget %g)",
+        stage,
+        known["forgetting"],
+        known["new_score"],
+        res.mean_cost,
+        res.cost_budget,
+    )
     return {"stage": stage, **known, "mean_cost": res.mean_cost, "cost_budget": res.cost_budget}
 
 
-def choose_candidate(options: list[dict[str, Any]], max_forgetting: float, cost_budget: float) -> tuple[str, str]:
+def choose_candidate(
+    options: list[dict[str, Any]], max_forgetting: float, cost_budget: float
+) -> tuple[str, str]:
     """Which policy a retraining run hands the gate, and why, in words.
 
     ``options``: ``{stage, forgetting, new_score, mean_cost}`` with the continual (EWC) policy first when
@@ -122,10 +135,15 @@ def choose_candidate(options: list[dict[str, Any]], max_forgetting: float, cost_
     within ``cost_budget`` on the new version, the one scoring best there; when none does, the first
     option, which the gate then refuses with its reasons."""
     fits = [o for o in options if o["forgetting"] <= max_forgetting and o["mean_cost"] <= cost_budget]
-    described = "; ".join(f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} at cost "
-                          f"{o['mean_cost']:.4g} on the new version" for o in options)
+    described = "; ".join(
+        f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} at cost "
+        f"{o['mean_cost']:.4g} on the new version"
+        for o in options
+    )
     bounds = f"the forgetting bound {max_forgetting:g} and the cost budget {cost_budget:g}"
     if fits:
         best = max(fits, key=lambda o: o["new_score"])
-        return best["stage"], f"candidate {best['stage']}: the best new-version score within {bounds} ({described})"
+        return best[
+            "stage"
+        ], f"candidate {best['stage']}: the best new-version score within {bounds} ({described})"
     return options[0]["stage"], f"candidate {options[0]['stage']}: no policy within {bounds} ({described})"

@@ -52,7 +52,9 @@ def dataset_dir(repo_dir: str | Path, name: str) -> Path:
     root = Path(repo_dir).resolve()
     out = (root / check_dataset_path(name)).resolve()
     if not out.is_relative_to(root) or out == root:
-        raise UnsafeDatasetPath(f"dataset name {name!r} resolves to {out}, outside the data repository {root}")
+        raise UnsafeDatasetPath(
+            f"dataset name {name!r} resolves to {out}, outside the data repository {root}"
+        )
     return out
 
 
@@ -70,7 +72,12 @@ def flow_data_repo(repo: str | None, default: Path) -> Path:
 
 @task(name="generate_dataset", retries=0, task_run_name="generate {task_name} {quality}")
 def generate_dataset_task(
-    task_name: str, quality: str, out: str, transitions: int, seed: int, behaviour_steps: int | None,
+    task_name: str,
+    quality: str,
+    out: str,
+    transitions: int,
+    seed: int,
+    behaviour_steps: int | None,
     cost_penalty: float = 0.0,
 ) -> str:
     """Generate a dataset with the project's behaviour SAC (cached per task, seed, steps and cost penalty)."""

@@ -138,7 +138,10 @@ def _rescorer(
         mv = tracking.client(tracking_uri).get_model_version(model_name, version)
         ckpt = handed_over(_local_checkpoint(model_name, mv, Path(scored_as["runs_dir"]), tracking_uri))
         res = evaluate_checkpoint(
-            ckpt, f"{env['task']}@{env['env_version']}", scored_as["episodes"], scored_as["seed"],
+            ckpt,
+            f"{env['task']}@{env['env_version']}",
+            scored_as["episodes"],
+            scored_as["seed"],
             ref_scores=record_references(record),
         )
         score = res.normalized_score if res.normalized_score is not None else res.mean_return
@@ -191,8 +194,12 @@ def promote_policy(
         c.set_tag(parent_run_id, k, v)
     for other in siblings or []:
         c.set_model_version_tag(model_name, other, "arl.promotion", "not gated")
-        c.set_model_version_tag(model_name, other, "arl.promotion.reason",
-                                f"a stage policy of the run; the run's candidate, version {version}, was judged {alias}")
+        c.set_model_version_tag(
+            model_name,
+            other,
+            "arl.promotion.reason",
+            f"a stage policy of the run; the run's candidate, version {version}, was judged {alias}",
+        )
     (logger.info if decision.promote else logger.warning)(
         "%s version %s -> %s: %s", model_name, version, alias, decision.reason
     )

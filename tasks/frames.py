@@ -143,6 +143,7 @@ def _timestamps(table: pa.Table, n: int) -> np.ndarray:
 
 def _spaces_text(obs_dim: int, low: list[float], high: list[float]) -> str:
     """Observation width and action bounds as text, bounds rounded to float32 as the environments hold them."""
+
     def f32(values: list[float]) -> list[float]:
         return [float(v) for v in np.asarray(values, dtype=np.float32)]
 

@@ -90,12 +90,15 @@ def promotion_decision(
     best = champion[SCORE]
     bar = f" and the lineage's best {lineage_best[1]:.4g} (v{lineage_best[0]})" if lineage_best else ""
     return Decision(
-        True, f"score {score:.4g} vs champion {best:.4g}{bar} (tolerance {tolerance:.4g}), mean cost {cost:.4g}"
+        True,
+        f"score {score:.4g} vs champion {best:.4g}{bar} (tolerance {tolerance:.4g}), mean cost {cost:.4g}",
     )
 
 
 def _against_champions(
-    candidate: Mapping[str, Any], champion: Mapping[str, Any] | None, lineage_best: tuple[str, float] | None,
+    candidate: Mapping[str, Any],
+    champion: Mapping[str, Any] | None,
+    lineage_best: tuple[str, float] | None,
     tolerance: float,
 ) -> list[str]:
     """What stops ``candidate`` when it is compared with the champion and the lineage's best."""
@@ -106,15 +109,19 @@ def _against_champions(
         return [f"the champion's score {best!r} is not a finite number: promotion stops until it is scored"]
     refs = (candidate.get(REFERENCES), champion.get(REFERENCES))
     if refs[0] != refs[1]:
-        return [f"score computed against references {refs[0]!r}, the champion's against {refs[1]!r}: "
-                "not comparable"]
+        return [
+            f"score computed against references {refs[0]!r}, the champion's against {refs[1]!r}: "
+            "not comparable"
+        ]
     if not _finite(score):
         return []
     if score < best - tolerance:
         return [f"score {score:.4g} below champion {best:.4g} minus tolerance {tolerance:.4g}"]
     if lineage_best is not None and score < lineage_best[1] - tolerance:
-        return [f"score {score:.4g} below the lineage's best champion {lineage_best[1]:.4g} "
-                f"(v{lineage_best[0]}) minus tolerance {tolerance:.4g}"]
+        return [
+            f"score {score:.4g} below the lineage's best champion {lineage_best[1]:.4g} "
+            f"(v{lineage_best[0]}) minus tolerance {tolerance:.4g}"
+        ]
     return []
 
 
@@ -264,7 +271,9 @@ def gate_lock(model_name: str, timeout_s: float = GATE_LOCK_TIMEOUT_S) -> Iterat
     name = f"arl-gate-{model_name}"
     with get_client(sync_client=True) as prefect:
         prefect.upsert_global_concurrency_limit_by_name(name, 1)
-    with concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=GATE_LOCK_LEASE_S, strict=True):
+    with concurrency(
+        name, occupy=1, timeout_seconds=timeout_s, lease_duration=GATE_LOCK_LEASE_S, strict=True
+    ):
         yield
 
 
@@ -309,7 +318,11 @@ def promote(
             return Decision(True, f"version {version} is already the champion", current)
         champion, rescored = _champion(model_name, current, candidate, rescore, tracking_uri)
         decision = promotion_decision(
-            candidate, champion, tolerance=tolerance, cost_budget=cost_budget, max_forgetting=max_forgetting,
+            candidate,
+            champion,
+            tolerance=tolerance,
+            cost_budget=cost_budget,
+            max_forgetting=max_forgetting,
             lineage_best=lineage_best(model_name, candidate.get(REFERENCES), tracking_uri=tracking_uri),
         )
         reason = decision.reason + rescored
@@ -319,8 +332,11 @@ def promote(
 
 
 def _champion(
-    model_name: str, current: str | None, candidate: Mapping[str, Any],
-    rescore: Callable[[str], Mapping[str, Any]] | None, tracking_uri: str | None,
+    model_name: str,
+    current: str | None,
+    candidate: Mapping[str, Any],
+    rescore: Callable[[str], Mapping[str, Any]] | None,
+    tracking_uri: str | None,
 ) -> tuple[dict[str, Any] | None, str]:
     """The champion's gate metrics, re-scored on the candidate's scale where needed, and a note saying so."""
     if current is None:

@@ -125,7 +125,9 @@ def finish_pipeline_run(
     tracking.end_run(run_id, status, tracking_uri=tracking_uri)
 
 
-def run_summary(stages: list[dict[str, Any]], evaluation: dict[str, Any], forgetting: float | None) -> dict[str, float]:
+def run_summary(
+    stages: list[dict[str, Any]], evaluation: dict[str, Any], forgetting: float | None
+) -> dict[str, float]:
     """The parent run's metrics: the gated policy's ``score``, ``mean_cost`` and ``forgetting``; each stage's
     last evaluation (``<stage>/score``, ``/return``, ``/cost``, where the stage evaluated), EWC's score on the
     new version and its forgetting per earlier version (``ewc/forgetting/<task>-<version>``)."""
@@ -134,13 +136,19 @@ def run_summary(stages: list[dict[str, Any]], evaluation: dict[str, Any], forget
         out["forgetting"] = float(forgetting)
     for s in stages:
         m = s["metrics"]
-        for key, name in (("eval/normalized_score", "score"), ("eval/return", "return"), ("eval/cost", "cost")):
+        for key, name in (
+            ("eval/normalized_score", "score"),
+            ("eval/return", "return"),
+            ("eval/cost", "cost"),
+        ):
             if key in m:
                 out[f"{s['stage']}/{name}"] = float(m[key])
         report = continual_report(s)
         if report:
             out["ewc/score"] = float(report["new_score"])
-        out |= {f"ewc/forgetting/{v.replace('@', '-')}": float(f) for v, f in report.get("forgetting", {}).items()}
+        out |= {
+            f"ewc/forgetting/{v.replace('@', '-')}": float(f) for v, f in report.get("forgetting", {}).items()
+        }
     return out
 
 

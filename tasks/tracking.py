@@ -223,8 +223,11 @@ def log_forgetting_plot(run_id: str, report: dict[str, Any], *, tracking_uri: st
     import numpy as np
 
     versions = list(report["scores"])
-    bars = {"best earlier": [report["best_earlier"].get(v, np.nan) for v in versions],
-            "start": [report["start_scores"][v] for v in versions], "after EWC": [report["scores"][v] for v in versions]}
+    bars = {
+        "best earlier": [report["best_earlier"].get(v, np.nan) for v in versions],
+        "start": [report["start_scores"][v] for v in versions],
+        "after EWC": [report["scores"][v] for v in versions],
+    }
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     x = np.arange(len(versions))
     for i, (label, values) in enumerate(bars.items()):

@@ -103,7 +103,10 @@ def _finished(out: Path, stage: str, steps: int) -> dict[str, float] | None:
 
 
 def _target_steps(stage: str, settings: dict[str, Any]) -> int:
-    return int(settings.get("steps") or library_config(stage, settings["preset"], settings.get("offline_algo"))["default_steps"])
+    return int(
+        settings.get("steps")
+        or library_config(stage, settings["preset"], settings.get("offline_algo"))["default_steps"]
+    )
 
 
 def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
@@ -144,8 +147,12 @@ def _train(
     if stage == "ewc":
         return _continual(init_actor, data_dir, out, settings, sink, common["progress"])
     return train_offline_algo(
-        offline_algo(settings), data_dir, out, init_actor=init_actor,
-        constrained=settings.get("constrained", True), **common,
+        offline_algo(settings),
+        data_dir,
+        out,
+        init_actor=init_actor,
+        constrained=settings.get("constrained", True),
+        **common,
     )
 
 
@@ -156,8 +163,11 @@ def _finetune_config(settings: dict[str, Any], steps: int) -> Any:
 
     episodes = settings.get("eval_episodes")
     return FinetuneConfig(
-        seed=settings["seed"], steps=steps, vector=settings.get("vector", "sync"),
-        num_envs=settings.get("num_envs", 4), cost_budget=settings.get("cost_budget"),
+        seed=settings["seed"],
+        steps=steps,
+        vector=settings.get("vector", "sync"),
+        num_envs=settings.get("num_envs", 4),
+        cost_budget=settings.get("cost_budget"),
         eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
     )
 
@@ -187,7 +197,9 @@ def _continual(
         online_steps=online,
         finetune=_finetune_config(settings, online),
     )
-    train_continual(start, data_dir, out, previous=settings["previous"], config=cfg, sink=sink, progress=progress)
+    train_continual(
+        start, data_dir, out, previous=settings["previous"], config=cfg, sink=sink, progress=progress
+    )
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -228,7 +240,12 @@ def train_stage(
         "steps": steps,
         "stage_key": key,
         "checkpoint": str(out),
-        **{f"algo.{k}": v for k, v in library_config(stage, settings["preset"], settings.get("offline_algo"))["config"].items()},
+        **{
+            f"algo.{k}": v
+            for k, v in library_config(stage, settings["preset"], settings.get("offline_algo"))[
+                "config"
+            ].items()
+        },
         "init_from": (init_from or {}).get("checkpoint", ""),
     }
     run_id = tracking.start_stage_run(
@@ -243,7 +260,14 @@ def train_stage(
             from arl_models.presets import apply_threads
 
             threads = apply_threads(settings["preset"], settings.get("threads"))
-            logger.info("%s: training %d steps into %s (%d torch thread%s)", stage, steps, out, threads, "s"[: threads > 1])
+            logger.info(
+                "%s: training %d steps into %s (%d torch thread%s)",
+                stage,
+                steps,
+                out,
+                threads,
+                "s"[: threads > 1],
+            )
             with tracking.MlflowSink(run_id, tracking_uri=tracking_uri, every=10) as sink:
                 final = _train(
                     stage, dataset["dir"], out, settings, (init_from or {}).get("checkpoint"), sink

@@ -36,6 +36,7 @@ class Case:
 
 def _rows(change: Callable[[Transitions], Any]) -> Callable[[Path], None]:
     """Rewrite the dataset, with the writer, after ``change`` edits its arrays in place."""
+
     def breaks(path: Path) -> None:
         t, info = read_dataset(path)
         t = Transitions(**{k: np.array(v) for k, v in t.__dict__.items()})  # writable copies
@@ -47,6 +48,7 @@ def _rows(change: Callable[[Transitions], Any]) -> Callable[[Path], None]:
 
 def _table(change: Callable[[pa.Table], pa.Table]) -> Callable[[Path], None]:
     """Rewrite the Parquet file with the table ``change`` returns (for what the writer would refuse)."""
+
     def breaks(path: Path) -> None:
         f = path / TRANSITIONS_FILE
         pq.write_table(change(pq.read_table(f)), f)
@@ -54,8 +56,11 @@ def _table(change: Callable[[pa.Table], pa.Table]) -> Callable[[Path], None]:
     return breaks
 
 
-def _column(name: str, values: Callable[[pa.Table], Any], typ: pa.DataType | None = None) -> Callable[[Path], None]:
+def _column(
+    name: str, values: Callable[[pa.Table], Any], typ: pa.DataType | None = None
+) -> Callable[[Path], None]:
     """Replace column ``name`` by ``values(table)`` (a list or array, of Arrow type ``typ`` if given)."""
+
     def change(table: pa.Table) -> pa.Table:
         return table.set_column(table.column_names.index(name), name, pa.array(values(table), type=typ))
 
@@ -73,6 +78,7 @@ def _with_null(name: str) -> Callable[[Path], None]:
 
 def _vector_rows(name: str, edit: Callable[[list[list[float]]], None]) -> Callable[[Path], None]:
     """Column ``name`` as variable-length lists, after ``edit`` changes some rows' lengths."""
+
     def values(table: pa.Table) -> list[list[float]]:
         rows = table.column(name).to_pylist()
         edit(rows)
@@ -142,14 +148,18 @@ BROKEN: dict[str, Case] = {
     "obs widths shifted": Case(_vector_rows("obs", _shift_widths), "obs_width"),
     "next_obs row short": Case(_vector_rows("next_obs", lambda r: r[7].pop()), "next_obs_width"),
     "action row long": Case(_vector_rows("action", lambda r: r[3].append(0.5)), "action_width"),
-    "obs row null": Case(_column("obs", lambda t: [None, *t.column("obs").to_pylist()[1:]],
-                                 typ=pa.list_(pa.float32())), "obs_finite"),
+    "obs row null": Case(
+        _column("obs", lambda t: [None, *t.column("obs").to_pylist()[1:]], typ=pa.list_(pa.float32())),
+        "obs_finite",
+    ),
     # the sidecar against the registry and the rows
     "unknown task": Case(_sidecar(task="safe-nope"), "safe-nope@1.0.0"),
     "unknown version": Case(_sidecar(env_version="9.9.9"), "safe-pendulum@9.9.9"),
     "bounds widened": Case(_sidecar(action_low=[-5.0], action_high=[5.0]), "sidecar_spaces"),
     "bounds widened, actions outside": Case(
-        lambda p: (_set("action", (5, 0), 4.5)(p), _sidecar(action_low=[-5.0], action_high=[5.0])(p)), "action_0"),
+        lambda p: (_set("action", (5, 0), 4.5)(p), _sidecar(action_low=[-5.0], action_high=[5.0])(p)),
+        "action_0",
+    ),
     "action above bound": Case(_set("action", (5, 0), 2.5), "action_0"),
     "obs_dim wrong": Case(_sidecar(obs_dim=4), "obs_width"),
     "obs_dim not a number": Case(_sidecar(obs_dim="three"), "obs_dim"),
@@ -162,7 +172,9 @@ BROKEN: dict[str, Case] = {
     "cost negative": Case(_set("cost", 10, -1.0), "column 'cost'"),
     "steps start at 3": Case(_rows(lambda t: t.step.__iadd__(3)), "episode_min_step"),
     "step repeats": Case(_set("step", 12, 3), "step_delta"),
-    "steps decrease": Case(_rows(lambda t: t.step.__setitem__(slice(8, 16), t.step[8:16][::-1])), "step_delta"),
+    "steps decrease": Case(
+        _rows(lambda t: t.step.__setitem__(slice(8, 16), t.step[8:16][::-1])), "step_delta"
+    ),
     "episodes interleaved": Case(_rows(_interleave), "episode_runs"),
     # files
     "parquet truncated": Case(_truncate, "cannot read the Parquet file"),
@@ -173,10 +185,15 @@ BROKEN: dict[str, Case] = {
     "0 rows": Case(_rows(lambda t: t.__dict__.update({k: v[:0] for k, v in t.__dict__.items()})), "0 rows"),
     # columns and types
     "reward missing": Case(_table(lambda t: t.drop_columns(["reward"])), "missing column reward"),
-    "reward as text": Case(_column("reward", lambda t: [str(v) for v in t.column("reward").to_pylist()]),
-                           "reward is string"),
-    "terminated as int8": Case(_column("terminated", lambda t: np.zeros(t.num_rows, np.int8)), "terminated is int8"),
-    "step as float": Case(_column("step", lambda t: t.column("step").to_numpy().astype(np.float64)), "step is double"),
+    "reward as text": Case(
+        _column("reward", lambda t: [str(v) for v in t.column("reward").to_pylist()]), "reward is string"
+    ),
+    "terminated as int8": Case(
+        _column("terminated", lambda t: np.zeros(t.num_rows, np.int8)), "terminated is int8"
+    ),
+    "step as float": Case(
+        _column("step", lambda t: t.column("step").to_numpy().astype(np.float64)), "step is double"
+    ),
     "action as text lists": Case(_column("action", lambda t: [["x"]] * t.num_rows), "action is list<"),
     # the data-version metadata
     "env_version null": Case(_with_null("env_version"), "env_version"),

@@ -9,7 +9,9 @@ from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, wri
 from arl_models.replay import ActionScaler, ReplayBuffer
 
 
-def make_transitions(n_episodes: int = 4, length: int = 50, obs_dim: int = 3, act_dim: int = 1, seed: int = 0) -> Transitions:
+def make_transitions(
+    n_episodes: int = 4, length: int = 50, obs_dim: int = 3, act_dim: int = 1, seed: int = 0
+) -> Transitions:
     rng = np.random.default_rng(seed)
     n = n_episodes * length
     obs = rng.normal(size=(n, obs_dim)).astype(np.float32)
@@ -38,9 +40,18 @@ def make_buffer() -> ReplayBuffer:
 
 def pendulum_info(**kw) -> DatasetInfo:
     base = dict(
-        task="safe-pendulum", env_id="Pendulum-v1", env_version="1.0.0", obs_dim=3, action_dim=1,
-        action_low=[-2.0], action_high=[2.0], quality="random", ref_random_return=-1200.0,
-        ref_expert_return=-150.0, cost_budget=12.0, extra={"max_episode_steps": 200},
+        task="safe-pendulum",
+        env_id="Pendulum-v1",
+        env_version="1.0.0",
+        obs_dim=3,
+        action_dim=1,
+        action_low=[-2.0],
+        action_high=[2.0],
+        quality="random",
+        ref_random_return=-1200.0,
+        ref_expert_return=-150.0,
+        cost_budget=12.0,
+        extra={"max_episode_steps": 200},
     )
     return DatasetInfo(**{**base, **kw})
 
@@ -66,7 +77,13 @@ def pendulum_datasets(tmp_path_factory):
     for quality in ("medium-replay", "expert", "random"):
         out[quality] = root / quality
         generate_dataset(
-            "safe-pendulum", quality, out[quality], transitions=10_000, seed=0,
-            behaviour_steps=8_000, behaviour_dir=root / "behaviour", progress=False,
+            "safe-pendulum",
+            quality,
+            out[quality],
+            transitions=10_000,
+            seed=0,
+            behaviour_steps=8_000,
+            behaviour_dir=root / "behaviour",
+            progress=False,
         )
     return out

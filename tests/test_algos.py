@@ -28,10 +28,14 @@ def _algos():
     ]
 
 
-@pytest.mark.parametrize("algo", _algos(), ids=lambda a: f"{a.name}{'-film' if getattr(a.cfg, 'context_dim', 0) else ''}")
+@pytest.mark.parametrize(
+    "algo", _algos(), ids=lambda a: f"{a.name}{'-film' if getattr(a.cfg, 'context_dim', 0) else ''}"
+)
 def test_update_is_finite_and_moves_every_trained_parameter(algo):
     buf = make_buffer()
-    before = {f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()}
+    before = {
+        f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()
+    }
     for _ in range(3):
         metrics = algo.update(buf.sample(32))
     assert metrics and all(np.isfinite(v) for v in metrics.values()), metrics
@@ -108,12 +112,21 @@ def test_conditioned_networks_compute_the_plain_ones_at_the_nominal_context():
     torch.manual_seed(0)
     plain = (TanhGaussianActor(5, 1, (8, 8)), EnsembleCritic(5, 1, (8, 8), ensemble=2))
     torch.manual_seed(0)
-    film = (TanhGaussianActor(5, 1, (8, 8), context_dim=2), EnsembleCritic(5, 1, (8, 8), ensemble=2, context_dim=2))
-    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
-    with torch.no_grad():  # modulation weights that are not zero change nothing at context 0, everything off it
+    film = (
+        TanhGaussianActor(5, 1, (8, 8), context_dim=2),
+        EnsembleCritic(5, 1, (8, 8), ensemble=2, context_dim=2),
+    )
+    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(
+        plain[1](obs, act), film[1](obs, act)
+    )
+    with (
+        torch.no_grad()
+    ):  # modulation weights that are not zero change nothing at context 0, everything off it
         for p in [*film[0].trunk.film, film[0].film, *film[1].film]:
             p.uniform_(-1.0, 1.0)
-    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(plain[1](obs, act), film[1](obs, act))
+    assert torch.equal(plain[0].act(obs), film[0].act(obs)) and torch.equal(
+        plain[1](obs, act), film[1](obs, act)
+    )
     off = obs.clone()
     off[:, -1] = -2.0
     assert not torch.allclose(plain[1](off, act), film[1](off, act))
@@ -161,16 +174,23 @@ def test_modulation_weights_learn_at_their_own_rate(tmp_path):
     again = CQL(3, 1, cfg)
     load_train_state(tmp_path, again)
     assert [g["lr"] for g in again.critic_opt.param_groups] == [cfg.critic_lr, 10.0 * cfg.critic_lr]
-    for one_group in (dataclasses.replace(cfg, context_lr_scale=1.0), dataclasses.replace(cfg, context_dim=0)):
+    for one_group in (
+        dataclasses.replace(cfg, context_lr_scale=1.0),
+        dataclasses.replace(cfg, context_dim=0),
+    ):
         assert len(CQL(3, 1, one_group).critic_opt.param_groups) == 1
-    with pytest.raises(ValueError, match=r"optimizer was saved with 2 parameter group\(s\), this configuration builds 1"):
+    with pytest.raises(
+        ValueError, match=r"optimizer was saved with 2 parameter group\(s\), this configuration builds 1"
+    ):
         load_train_state(tmp_path, CQL(3, 1, dataclasses.replace(cfg, context_lr_scale=1.0)))
     bc = BC(3, 1, BCConfig(**SMALL, context_dim=1, context_lr_scale=10.0))
     assert [g["lr"] for g in bc.actor_opt.param_groups] == [bc.cfg.lr, 10.0 * bc.cfg.lr]
 
 
 def test_context_dim_must_leave_a_state():
-    with pytest.raises(ValueError, match="context_dim must lie in \\[0, 3\\) for observations of 3 entries, got 3"):
+    with pytest.raises(
+        ValueError, match="context_dim must lie in \\[0, 3\\) for observations of 3 entries, got 3"
+    ):
         EnsembleCritic(3, 1, (8,), context_dim=3)
     with pytest.raises(ValueError, match="context_dim"):
         TanhGaussianActor(3, 1, (8,), context_dim=-1)
@@ -221,7 +241,9 @@ def test_lagrangian_conservative_weight_rises_when_gap_exceeds_threshold():
 
 def test_bf16_critic_pass_tracks_float32():
     """The opt-in bf16 critic pass gives finite losses and Q values close to the float32 ones."""
-    cfgs = [CQLConfig(**SMALL, n_action_samples=4, seed=1, critic_precision=p) for p in ("float32", "bfloat16")]
+    cfgs = [
+        CQLConfig(**SMALL, n_action_samples=4, seed=1, critic_precision=p) for p in ("float32", "bfloat16")
+    ]
     buf = make_buffer()
     torch.manual_seed(0)
     batch = buf.sample(32)
@@ -251,7 +273,9 @@ def test_cql_actor_warmup_imitates_the_data_then_follows_the_critic():
     # in the warm-up the loss is the data's log-likelihood, whatever the critic says
     torch.manual_seed(0)
     _, logp = algo.actor.sample(batch.obs)
-    expected = (algo.temperature * logp.mean() + compute_bc_loss(algo.actor, batch.obs, batch.act).actor).item()
+    expected = (
+        algo.temperature * logp.mean() + compute_bc_loss(algo.actor, batch.obs, batch.act).actor
+    ).item()
     assert loss_at(1, 1.0) == pytest.approx(expected)
     assert loss_at(1, 3.0) == pytest.approx(expected)
     # afterwards the critic drives it

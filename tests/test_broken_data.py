@@ -70,7 +70,9 @@ def test_data_info_refuses_what_the_readers_cannot_use(case: str, valid: Path, t
     assert {"obs widths shifted": "column 'obs'", "0 rows": "0 rows"}[case] in res.output, res.output
 
 
-@pytest.mark.parametrize("content", [b"not an HDF5 file", b"\x89HDF\r\n\x1a\n" + bytes(100)], ids=["text", "truncated"])
+@pytest.mark.parametrize(
+    "content", [b"not an HDF5 file", b"\x89HDF\r\n\x1a\n" + bytes(100)], ids=["text", "truncated"]
+)
 def test_importers_name_an_unreadable_file(content: bytes, tmp_path: Path) -> None:
     from arl_models.data import DatasetError
     from arl_models.data.importers import import_d4rl
@@ -91,8 +93,13 @@ def test_importers_refuse_an_empty_file(tmp_path: Path) -> None:
 
     src = tmp_path / "empty.hdf5"
     with h5py.File(src, "w") as f:
-        for key, shape in (("observations", (0, 3)), ("actions", (0, 1)), ("rewards", (0,)), ("terminals", (0,)),
-                           ("timeouts", (0,))):
+        for key, shape in (
+            ("observations", (0, 3)),
+            ("actions", (0, 1)),
+            ("rewards", (0,)),
+            ("terminals", (0,)),
+            ("timeouts", (0,)),
+        ):
             f[key] = np.zeros(shape, np.float32)
     with pytest.raises(DatasetError, match="0 transitions"):
         import_d4rl(src, "safe-pendulum", tmp_path / "out")

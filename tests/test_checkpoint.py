@@ -108,7 +108,10 @@ def test_observed_versions_condition_the_networks_from_bc_to_the_saved_policy(tm
 
     old = shutil.copytree(tmp_path / "cql", tmp_path / "old-layout")
     save_file({k: v for k, v in weights.items() if k != "actor.film"}, str(old / WEIGHTS))
-    with pytest.raises(ValueError, match=r"old-layout: its weights do not fit .* \(missing \['actor.film'\], unexpected \[\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"old-layout: its weights do not fit .* \(missing \['actor.film'\], unexpected \[\]\)",
+    ):
         load_policy(old)
     with pytest.raises(ValueError, match="conditioned on 3 context entries and this cql on 0"):
         train_cql(data, tmp_path / "plain", steps=1, init_actor=tmp_path / "bc", context_dim=0, **TINY)

@@ -117,25 +117,33 @@ def _part(tmp_path, name, seed, policy, **info):
     t = make_transitions(n_episodes=3, length=20, seed=seed)
     t.policy_hash[:] = policy
     cost = "EffortCost(threshold=1.0)"
-    return write_dataset(tmp_path / name, t, pendulum_info(**{"extra": {"max_episode_steps": 200, "cost_fn": cost}} | info))
+    return write_dataset(
+        tmp_path / name, t, pendulum_info(**{"extra": {"max_episode_steps": 200, "cost_fn": cost}} | info)
+    )
 
 
 def test_merge_keeps_every_row_and_its_metadata_with_distinct_episodes(tmp_path):
     a = _part(tmp_path, "a", 0, "aa" * 32, quality="medium", ref_expert_return=-150.0)
-    b = _part(tmp_path, "b", 1, "bb" * 32, quality="expert", ref_random_return=-1300.0, ref_expert_return=-140.0)
+    b = _part(
+        tmp_path, "b", 1, "bb" * 32, quality="expert", ref_random_return=-1300.0, ref_expert_return=-140.0
+    )
     info = merge_datasets([a, b], tmp_path / "m")
     rows, _ = read_dataset(tmp_path / "m")
     (ta, _), (tb, _) = read_dataset(a), read_dataset(b)
     assert (info.num_transitions, info.num_episodes) == (120, 6) and info.quality == "mixed"
     np.testing.assert_array_equal(rows.obs, np.concatenate([ta.obs, tb.obs]))
-    assert list(rows.policy_hash[:60]) == list(ta.policy_hash) and list(rows.policy_hash[60:]) == list(tb.policy_hash)
+    assert list(rows.policy_hash[:60]) == list(ta.policy_hash) and list(rows.policy_hash[60:]) == list(
+        tb.policy_hash
+    )
     assert set(rows.episode_id[:60]).isdisjoint(rows.episode_id[60:])
     assert (info.ref_random_return, info.ref_expert_return) == (-1300.0, -140.0)
     assert [m["quality"] for m in info.extra["merged_from"]] == ["medium", "expert"]
     assert info.extra["cost_fn"] == "EffortCost(threshold=1.0)"
 
 
-@pytest.mark.parametrize(("field", "value"), [("env_version", "1.1.0"), ("cost_budget", 20.0), ("extra", {"cost_fn": "Other()"})])
+@pytest.mark.parametrize(
+    ("field", "value"), [("env_version", "1.1.0"), ("cost_budget", 20.0), ("extra", {"cost_fn": "Other()"})]
+)
 def test_merge_refuses_parts_that_disagree_and_writes_nothing(tmp_path, field, value):
     a = _part(tmp_path, "a", 0, "aa" * 32)
     b = _part(tmp_path, "b", 1, "bb" * 32, **{field: value})

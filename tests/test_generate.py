@@ -19,8 +19,16 @@ def _pendulum_reward(obs: np.ndarray, action: np.ndarray) -> np.ndarray:
 
 def test_a_penalised_behaviour_records_the_task_reward_and_its_own_objective(tmp_path):
     bdir = tmp_path / "behaviour"
-    info = generate_dataset("safe-pendulum", "medium-replay", tmp_path / "data", seed=0, behaviour_steps=2_000,
-                            behaviour_dir=bdir, cost_penalty=2.0, progress=False)
+    info = generate_dataset(
+        "safe-pendulum",
+        "medium-replay",
+        tmp_path / "data",
+        seed=0,
+        behaviour_steps=2_000,
+        behaviour_dir=bdir,
+        cost_penalty=2.0,
+        progress=False,
+    )
     assert info.extra["behaviour_cost_penalty"] == 2.0
     refs = json.loads((bdir / "behaviour.json").read_text())
     assert refs["cost_penalty"] == 2.0
@@ -32,8 +40,14 @@ def test_a_penalised_behaviour_records_the_task_reward_and_its_own_objective(tmp
     np.testing.assert_allclose(rows.reward, _pendulum_reward(rows.obs, rows.action), rtol=1e-4, atol=1e-4)
 
     with pytest.raises(ValueError, match="cost penalty 2"):
-        generate_dataset("safe-pendulum", "medium", tmp_path / "other", behaviour_steps=2_000, behaviour_dir=bdir,
-                         progress=False)
+        generate_dataset(
+            "safe-pendulum",
+            "medium",
+            tmp_path / "other",
+            behaviour_steps=2_000,
+            behaviour_dir=bdir,
+            progress=False,
+        )
     assert not (tmp_path / "other").exists()
 
 

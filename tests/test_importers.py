@@ -12,8 +12,11 @@ from arl_models.envs import get_task
 def _episodes(n_eps=3, length=5, seed=0):
     rng = np.random.default_rng(seed)
     return [
-        (rng.normal(size=(length + 1, 3)).astype(np.float32), rng.uniform(-2, 2, (length, 1)).astype(np.float32),
-         rng.normal(size=length).astype(np.float32))
+        (
+            rng.normal(size=(length + 1, 3)).astype(np.float32),
+            rng.uniform(-2, 2, (length, 1)).astype(np.float32),
+            rng.normal(size=length).astype(np.float32),
+        )
         for _ in range(n_eps)
     ]
 
@@ -50,7 +53,9 @@ def test_d4rl_file_missing_a_key_is_named(tmp_path):
     f = tmp_path / "bad.hdf5"
     with h5py.File(f, "w") as h:
         h["observations"] = np.zeros((3, 3), np.float32)
-    with pytest.raises(DatasetError, match=r"missing dataset\(s\) \['actions', 'rewards', 'terminals', 'timeouts'\]"):
+    with pytest.raises(
+        DatasetError, match=r"missing dataset\(s\) \['actions', 'rewards', 'terminals', 'timeouts'\]"
+    ):
         import_d4rl(f, "safe-pendulum", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -62,7 +67,9 @@ def test_d4rl_wrong_observation_width_is_named(tmp_path):
         h["actions"] = np.zeros((3, 1), np.float32)
         for k in ("rewards", "terminals", "timeouts"):
             h[k] = np.zeros(3)
-    with pytest.raises(DatasetError, match=r"observations have shape \(3, 4\); task safe-pendulum@1.0.0 needs \(N, 3\)"):
+    with pytest.raises(
+        DatasetError, match=r"observations have shape \(3, 4\); task safe-pendulum@1.0.0 needs \(N, 3\)"
+    ):
         import_d4rl(f, "safe-pendulum", tmp_path / "out")
 
 
@@ -103,6 +110,8 @@ def test_relabel_recomputes_costs_and_keeps_everything_else(tiny_dataset, tmp_pa
     for name in ("obs", "action", "reward", "next_obs", "episode_id", "step", "policy_hash", "timestamp"):
         np.testing.assert_array_equal(getattr(t, name), getattr(old, name))
     assert new_info.extra["cost_fn"] == repr(get_task("safe-pendulum").cost_fn)
-    assert new_info.extra["relabelled_from"] == "unrecorded" and new_info.num_transitions == info.num_transitions
+    assert (
+        new_info.extra["relabelled_from"] == "unrecorded" and new_info.num_transitions == info.num_transitions
+    )
     res = CliRunner().invoke(app, ["data", "relabel", str(tiny_dataset), "--out", str(tmp_path / "cli")])
     assert res.exit_code == 0 and "costs by ActuatorEffortCost" in res.output, res.output

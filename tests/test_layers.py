@@ -6,7 +6,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"prefect", "mlflow", "great_expectations", "dvc", "boto3", "botocore", "tasks", "flows", "arl_cli"}
+FORBIDDEN = {
+    "prefect",
+    "mlflow",
+    "great_expectations",
+    "dvc",
+    "boto3",
+    "botocore",
+    "tasks",
+    "flows",
+    "arl_cli",
+}
 
 
 def test_arl_models_imports_no_orchestration():

@@ -19,10 +19,26 @@ print(ensure_repo(sys.argv[1]))
 
 
 def _both(script: str, *args: str) -> list[str]:
-    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
-           "GIT_AUTHOR_NAME": "t", "GIT_COMMITTER_NAME": "t", "GIT_AUTHOR_EMAIL": "t@l", "GIT_COMMITTER_EMAIL": "t@l"}
-    procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=Path(__file__).parents[1]) for _ in range(2)]
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(Path.home()),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@l",
+        "GIT_COMMITTER_EMAIL": "t@l",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parents[1],
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
@@ -40,5 +56,7 @@ def test_two_runs_into_one_checkpoint_folder_train_once(tiny_dataset, tmp_path):
 def test_two_processes_initialise_one_data_repo(tmp_path):
     repo = tmp_path / "data"
     assert _both(INIT, str(repo)) == [str(repo)] * 2
-    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], capture_output=True, text=True, check=True)
+    log = subprocess.run(
+        ["git", "-C", str(repo), "log", "--format=%s"], capture_output=True, text=True, check=True
+    )
     assert log.stdout.splitlines() == ["Initialise DVC"]

@@ -26,15 +26,21 @@ def _algos():
     ]
 
 
-@pytest.mark.parametrize("algo", _algos(), ids=lambda a: f"{a.name}{'-constrained' if a.cfg.cost_q_limit else ''}")
+@pytest.mark.parametrize(
+    "algo", _algos(), ids=lambda a: f"{a.name}{'-constrained' if a.cfg.cost_q_limit else ''}"
+)
 def test_update_is_finite_and_moves_every_trained_network(algo):
     buf = make_buffer()
-    before = {f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()}
+    before = {
+        f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()
+    }
     for _ in range(3):
         metrics = algo.update(buf.sample(32))
     assert metrics and all(np.isfinite(v) for v in metrics.values()), metrics
     after = {f"{n}.{k}": v for n, net in algo.networks().items() for k, v in net.state_dict().items()}
-    film = [k for k in before if ".film" in k]  # FiLM moves only with a non-zero context: make_buffer's is random
+    film = [
+        k for k in before if ".film" in k
+    ]  # FiLM moves only with a non-zero context: make_buffer's is random
     for k, v in before.items():
         assert not torch.equal(v, after[k]) or k in film and not algo.cfg.context_dim, f"{k} did not move"
     if algo.cfg.cost_q_limit is not None:
@@ -52,7 +58,9 @@ def test_td3bc_actor_step_leaves_critics_without_gradient_and_delays_the_actor()
     actor_before = algo.actor.mu.weight.detach().clone()
     algo.actor_opt.zero_grad(set_to_none=True)
     m = algo.update(batch)
-    assert "loss_actor" not in m and torch.equal(actor_before, algo.actor.mu.weight)  # step 1 of 2: critics only
+    assert "loss_actor" not in m and torch.equal(
+        actor_before, algo.actor.mu.weight
+    )  # step 1 of 2: critics only
     m = algo.update(batch)
     assert "loss_actor" in m and not torch.equal(actor_before, algo.actor.mu.weight)
 
@@ -67,7 +75,9 @@ def test_iql_value_losses_are_expectiles():
     assert xs[losses.argmin()].item() == pytest.approx(0.7, abs=0.011)
 
 
-@pytest.mark.parametrize("cls,cfg", [(TD3BC, TD3BCConfig(**SMALL)), (IQL, IQLConfig(**SMALL))], ids=["td3bc", "iql"])
+@pytest.mark.parametrize(
+    "cls,cfg", [(TD3BC, TD3BCConfig(**SMALL)), (IQL, IQLConfig(**SMALL))], ids=["td3bc", "iql"]
+)
 def test_same_seed_same_parameters(cls, cfg):
     def run():
         torch.manual_seed(0)
@@ -149,7 +159,13 @@ def test_gaussian_bc_trains_on_saturated_rows():
     bc = BC(2, 1, BCConfig(hidden=(16, 16), batch_size=64))
     from arl_models.replay import Batch
 
-    batch = Batch(obs=obs[:64], act=act[:64], rew=torch.zeros(64), cost=torch.zeros(64), next_obs=obs[:64],
-                  done=torch.zeros(64))
+    batch = Batch(
+        obs=obs[:64],
+        act=act[:64],
+        rew=torch.zeros(64),
+        cost=torch.zeros(64),
+        next_obs=obs[:64],
+        done=torch.zeros(64),
+    )
     m = [bc.update(batch)["loss_actor"] for _ in range(50)]
     assert np.isfinite(m).all() and m[-1] < m[0]

@@ -15,7 +15,9 @@ EPISODES = 20
 def test_behaviour_run_makes_the_constraint_bind(pendulum_datasets):
     """The SAC expert, trained without the constraint, exceeds the task's cost budget."""
     info = read_info(pendulum_datasets["expert"])
-    assert info.extra["cost_fn"] == "ActuatorEffortCost(threshold=1.0, ramp=1.0)"  # what labelled the cost column
+    assert (
+        info.extra["cost_fn"] == "ActuatorEffortCost(threshold=1.0, ramp=1.0)"
+    )  # what labelled the cost column
     behaviour = json.loads((pendulum_datasets["expert"].parent / "behaviour" / "behaviour.json").read_text())
     assert behaviour["expert_return"] > behaviour["medium_return"] > info.ref_random_return
     from arl_models.data import read_dataset
@@ -51,4 +53,7 @@ def test_the_offline_half_beats_bc_on_random_and_expert_data(pendulum_datasets, 
     train_offline(data, tmp_path, algo=algo, progress=False, eval_episodes=0, constrained=False)
     bc = evaluate_checkpoint(tmp_path / "bc", episodes=EPISODES)
     stage2 = evaluate_checkpoint(tmp_path / algo, episodes=EPISODES)
-    assert stage2.normalized_score > bc.normalized_score + margin, (bc.normalized_score, stage2.normalized_score)
+    assert stage2.normalized_score > bc.normalized_score + margin, (
+        bc.normalized_score,
+        stage2.normalized_score,
+    )

@@ -41,20 +41,28 @@ def _hopper_file(path, n=300, seed=0):
 
 def test_import_without_references_takes_the_d4rl_table(tmp_path):
     info = import_d4rl(_hopper_file(tmp_path / "hopper.hdf5"), "safe-hopper", tmp_path / "out")
-    assert (info.ref_random_return, info.ref_expert_return) == D4RL_REFERENCES["safe-hopper"] == (-20.272305, 3234.3)
+    assert (
+        (info.ref_random_return, info.ref_expert_return)
+        == D4RL_REFERENCES["safe-hopper"]
+        == (-20.272305, 3234.3)
+    )
     assert info.ref_source == "d4rl" and "Fu et al. 2020" in info.extra["references"]
     assert info.normalized_score(3234.3) == pytest.approx(100.0)
     assert read_info(tmp_path / "out").ref_source == "d4rl"  # through the sidecar
 
 
 def test_given_references_win(tmp_path):
-    info = import_d4rl(_hopper_file(tmp_path / "hopper.hdf5"), "safe-hopper", tmp_path / "out", ref_scores=(5.0, 2500.0))
+    info = import_d4rl(
+        _hopper_file(tmp_path / "hopper.hdf5"), "safe-hopper", tmp_path / "out", ref_scores=(5.0, 2500.0)
+    )
     assert (info.ref_random_return, info.ref_expert_return, info.ref_source) == (5.0, 2500.0, "given")
 
 
 def test_given_references_must_rank_the_expert_above_random(tmp_path):
     with pytest.raises(ValueError, match="must exceed the random return"):
-        import_d4rl(_hopper_file(tmp_path / "hopper.hdf5"), "safe-hopper", tmp_path / "out", ref_scores=(10.0, 10.0))
+        import_d4rl(
+            _hopper_file(tmp_path / "hopper.hdf5"), "safe-hopper", tmp_path / "out", ref_scores=(10.0, 10.0)
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -74,7 +82,9 @@ def test_measured_references_pair_a_behaviour_expert_with_a_cached_random_return
     (bdir / "behaviour.json").write_text(json.dumps({"random_return": -1234.0, "expert_return": -150.0}))
     refs = resolve_references("safe-pendulum", cache_dir=tmp_path / "refs")
     assert refs is not None and refs.source == "measured" and str(bdir) in refs.detail
-    assert refs.expert_return == -150.0 and -1800.0 < refs.random_return < -800.0  # uniform torques on Pendulum
+    assert (
+        refs.expert_return == -150.0 and -1800.0 < refs.random_return < -800.0
+    )  # uniform torques on Pendulum
     cached = json.loads((tmp_path / "refs" / "safe-pendulum@1.0.0.json").read_text())
     assert cached["random_return"] == refs.random_return
     monkeypatch.setattr(references, "evaluate", lambda *a, **k: pytest.fail("measured again"))
@@ -83,8 +93,20 @@ def test_measured_references_pair_a_behaviour_expert_with_a_cached_random_return
 
 def test_cli_import_needs_both_references(tmp_path):
     src = _hopper_file(tmp_path / "hopper.hdf5")
-    res = runner.invoke(app, ["data", "import", str(src), "--task", "safe-hopper", "--out", str(tmp_path / "out"),
-                              "--ref-random", "0"])
+    res = runner.invoke(
+        app,
+        [
+            "data",
+            "import",
+            str(src),
+            "--task",
+            "safe-hopper",
+            "--out",
+            str(tmp_path / "out"),
+            "--ref-random",
+            "0",
+        ],
+    )
     assert res.exit_code == 2
     assert "--ref-random and --ref-expert go together" in res.output
     assert not (tmp_path / "out").exists()
@@ -92,11 +114,27 @@ def test_cli_import_needs_both_references(tmp_path):
 
 def test_cli_import_says_which_references_it_used(tmp_path):
     src = _hopper_file(tmp_path / "hopper.hdf5")
-    res = runner.invoke(app, ["data", "import", str(src), "--task", "safe-hopper", "--out", str(tmp_path / "a")])
+    res = runner.invoke(
+        app, ["data", "import", str(src), "--task", "safe-hopper", "--out", str(tmp_path / "a")]
+    )
     assert res.exit_code == 0, res.output
     assert "random -20.3 / expert 3234.3 (d4rl: D4RL" in res.output
-    res = runner.invoke(app, ["data", "import", str(src), "--task", "safe-hopper", "--out", str(tmp_path / "b"),
-                              "--ref-random", "1", "--ref-expert", "2000"])
+    res = runner.invoke(
+        app,
+        [
+            "data",
+            "import",
+            str(src),
+            "--task",
+            "safe-hopper",
+            "--out",
+            str(tmp_path / "b"),
+            "--ref-random",
+            "1",
+            "--ref-expert",
+            "2000",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "random 1.0 / expert 2000.0 (given" in res.output
     assert read_info(tmp_path / "b").ref_source == "given"

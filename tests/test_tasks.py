@@ -89,7 +89,9 @@ def test_velocity_cost_from_observation_agrees_with_info():
 def test_risk_penalty_is_optional_and_configurable():
     env = gym.make("Pendulum-v1")
     plain = SafetyWrapper(env, lambda o, a, n, i: StepCost(0.0, 0.9))
-    penal = SafetyWrapper(gym.make("Pendulum-v1"), lambda o, a, n, i: StepCost(0.0, 0.9), risk_threshold=0.8, risk_penalty=10.0)
+    penal = SafetyWrapper(
+        gym.make("Pendulum-v1"), lambda o, a, n, i: StepCost(0.0, 0.9), risk_threshold=0.8, risk_penalty=10.0
+    )
     plain.reset(seed=0)
     penal.reset(seed=0)
     _, r0, *_, i0 = plain.step(np.zeros(1))
@@ -99,7 +101,11 @@ def test_risk_penalty_is_optional_and_configurable():
 
 def test_any_gym_env_with_a_user_cost_function():
     spec = register_task(
-        TaskSpec("test-mountaincar", "MountainCarContinuous-v0", lambda o, a, n, i: StepCost(float(abs(a[0]) > 0.5))),
+        TaskSpec(
+            "test-mountaincar",
+            "MountainCarContinuous-v0",
+            lambda o, a, n, i: StepCost(float(abs(a[0]) > 0.5)),
+        ),
         overwrite=True,
     )
     env = make_env(spec.name)
@@ -138,7 +144,10 @@ def test_observed_versions_append_the_dynamics_offsets_and_2_1_0_reverses_the_ac
     assert moves["2.1.0"] - free == pytest.approx(-(moves["2.0.0"] - free), abs=1e-5)
     assert moves["2.2.0"] - free == pytest.approx((moves["2.0.0"] - free) / 1.5, abs=1e-5)
     hopper = make_env("safe-hopper@2.1.0")
-    np.testing.assert_allclose(hopper.unwrapped.model.actuator_gear[:, 0], -make_env("safe-hopper").unwrapped.model.actuator_gear[:, 0])
+    np.testing.assert_allclose(
+        hopper.unwrapped.model.actuator_gear[:, 0],
+        -make_env("safe-hopper").unwrapped.model.actuator_gear[:, 0],
+    )
     assert hopper.observation_space.shape == (14,)
 
 

@@ -76,7 +76,11 @@ class CalQL(CQL):
     cfg: CalQLConfig
 
     def __init__(
-        self, obs_dim: int, act_dim: int, cfg: CalQLConfig, device: str | torch.device = "cpu",
+        self,
+        obs_dim: int,
+        act_dim: int,
+        cfg: CalQLConfig,
+        device: str | torch.device = "cpu",
         regularizer: Regularizer | None = None,
     ):
         if cfg.conservative not in CONSERVATIVE_MODES:
@@ -103,7 +107,11 @@ class CalQL(CQL):
         return torch.cat([q_sampled[..., :n], torch.maximum(q_sampled[..., n:], bound)], dim=-1)
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
+        self,
+        batch: Batch,
+        next_act: torch.Tensor,
+        next_logp: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if self.cfg.conservative == "none":
             loss, metrics = SAC.critic_loss(self, batch, next_act, next_logp, weights)
@@ -112,7 +120,9 @@ class CalQL(CQL):
         reg = self._reg("critic", self.critic)
         return (loss if reg is None else loss + reg), metrics
 
-    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def cost_critic_loss(
+        self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         loss = super().cost_critic_loss(batch, next_act, weights)
         assert self.cost_critic is not None
         reg = self._reg("cost_critic", self.cost_critic)

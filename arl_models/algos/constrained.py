@@ -45,6 +45,7 @@ class ActorCriticConfig:
     """Limit on ``Q_c(s0, pi(s0))``; ``None`` leaves the actor unconstrained."""
     pid: PIDConfig = PIDConfig()
 
+
 START_SAMPLE = 256
 """Episode starts drawn per step to measure the constrained value."""
 
@@ -53,8 +54,16 @@ class CostSide:
     """Cost critic, its target and optimiser, and the multiplier; owned by an algorithm."""
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], n_critics: int, context_dim: int,
-        lr: float, context_lr_scale: float, pid: PIDConfig, device: torch.device,
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: tuple[int, ...],
+        n_critics: int,
+        context_dim: int,
+        lr: float,
+        context_lr_scale: float,
+        pid: PIDConfig,
+        device: torch.device,
     ):
         self.critic = EnsembleCritic(obs_dim, act_dim, hidden, n_critics, context_dim).to(device)
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
@@ -76,10 +85,14 @@ class CostSide:
         return loss.item()
 
     @torch.no_grad()
-    def measure(self, starts: torch.Tensor | None, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    def measure(
+        self, starts: torch.Tensor | None, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]
+    ) -> float:
         """``Q_c(s, pi(s))`` averaged over a sample of episode starts (the batch's states without them)."""
         if starts is not None:
-            obs = starts.index_select(0, torch.randint(0, starts.shape[0], (min(START_SAMPLE, starts.shape[0]),)))
+            obs = starts.index_select(
+                0, torch.randint(0, starts.shape[0], (min(START_SAMPLE, starts.shape[0]),))
+            )
         return self.critic(obs, policy(obs)).mean().item()
 
     def update_multiplier(self, measured: float, limit: float | None) -> dict[str, float]:
@@ -111,7 +124,9 @@ class OfflineActorCritic:
 
     def load_extra_state(self, s: dict[str, float]) -> None:
         if self.cost:
-            self.cost.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
+            self.cost.lagrangian.load_state(
+                {k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")}
+            )
         self.step = int(s["step"])
 
 

@@ -65,7 +65,9 @@ class CQLLosses:
         return out
 
 
-def conservative_gap(q_data: torch.Tensor, q_sampled: torch.Tensor, log_density: torch.Tensor) -> torch.Tensor:
+def conservative_gap(
+    q_data: torch.Tensor, q_sampled: torch.Tensor, log_density: torch.Tensor
+) -> torch.Tensor:
     """Per-critic ``logsumexp_a Q(s,a) - Q(s, a_data)`` by importance sampling, averaged over the batch.
 
     q_data: (E, B); q_sampled: (E, B, K) for K sampled actions; log_density: (B, K) of the proposal.
@@ -130,7 +132,11 @@ class CQL(SAC):
         return acts, logp
 
     def compute_losses(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
+        self,
+        batch: Batch,
+        next_act: torch.Tensor,
+        next_logp: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> tuple[CQLLosses, torch.Tensor]:
         """The losses and ``Q(s, a_data)`` ``(E, B)``; ``weights`` ``(B,)`` weight the TD term per sample
         (the conservative term is a regulariser over the batch's states and stays unweighted)."""
@@ -140,11 +146,14 @@ class CQL(SAC):
         b, k, _ = acts.shape
         obs_all = torch.cat([batch.obs, batch.obs.repeat_interleave(k, 0)])  # (B + BK, O)
         act_all = torch.cat([batch.act, acts.reshape(b * k, -1)])
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.critic_precision == "bfloat16"):
+        with torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.cfg.critic_precision == "bfloat16"
+        ):
             # one fused ensemble pass per block of ~B*N rows: (E, rows, H) activations that stay in cache
             rows = max(b * self.cfg.n_action_samples, 1)
             q_all = torch.cat(
-                [self.critic(o, a) for o, a in zip(obs_all.split(rows), act_all.split(rows), strict=True)], dim=1
+                [self.critic(o, a) for o, a in zip(obs_all.split(rows), act_all.split(rows), strict=True)],
+                dim=1,
             ).float()  # (E, B + BK)
         q_data, q_sampled = q_all[:, :b], q_all[:, b:].view(-1, b, k)
         q_sampled = self.bound_sampled_q(q_sampled, batch)
@@ -167,7 +176,11 @@ class CQL(SAC):
         return q_sampled
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
+        self,
+        batch: Batch,
+        next_act: torch.Tensor,
+        next_logp: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         losses, q_data = self.compute_losses(batch, next_act, next_logp, weights)
         if losses.alpha is not None:
@@ -178,7 +191,9 @@ class CQL(SAC):
             "q_data": q_data.mean().item(),
             "conservative_weight": self.conservative_weight(),
         }
-        return losses.td + losses.conservative, metrics | {"loss_critic": (losses.td + losses.conservative).item()}
+        return losses.td + losses.conservative, metrics | {
+            "loss_critic": (losses.td + losses.conservative).item()
+        }
 
     def conservative_weight(self) -> float:
         if self.cfg.lagrangian_threshold is None:

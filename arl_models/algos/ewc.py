@@ -77,8 +77,11 @@ class _QSum(nn.Module):
 
 
 def squared_grad_mean(
-    module: nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], obs: torch.Tensor,
-    act: torch.Tensor, chunk: int = 512,
+    module: nn.Module,
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    obs: torch.Tensor,
+    act: torch.Tensor,
+    chunk: int = 512,
 ) -> dict[str, torch.Tensor]:
     """``E_n [(d fn(obs_n, act_n) / d theta)^2]`` for every parameter of ``module``, keyed by its name.
 
@@ -102,7 +105,9 @@ def squared_grad_mean(
     return {k[len(prefix) + 1 :]: v / n for k, v in total.items()}
 
 
-def policy_fisher(actor: TanhGaussianActor, obs: torch.Tensor, act: torch.Tensor | None = None, chunk: int = 512) -> dict[str, torch.Tensor]:
+def policy_fisher(
+    actor: TanhGaussianActor, obs: torch.Tensor, act: torch.Tensor | None = None, chunk: int = 512
+) -> dict[str, torch.Tensor]:
     """Diagonal Fisher of the tanh-Gaussian policy at ``obs``; ``act=None`` samples actions from it."""
     if act is None:
         with torch.no_grad():
@@ -110,7 +115,9 @@ def policy_fisher(actor: TanhGaussianActor, obs: torch.Tensor, act: torch.Tensor
     return squared_grad_mean(actor, _LogProb(actor), obs, act, chunk)
 
 
-def critic_fisher(critic: nn.Module, obs: torch.Tensor, act: torch.Tensor, chunk: int = 512) -> dict[str, torch.Tensor]:
+def critic_fisher(
+    critic: nn.Module, obs: torch.Tensor, act: torch.Tensor, chunk: int = 512
+) -> dict[str, torch.Tensor]:
     """Diagonal Fisher of a unit-variance Gaussian likelihood around the ensemble's ``Q(s, a)``."""
     return squared_grad_mean(critic, _QSum(critic), obs, act, chunk)
 
@@ -165,7 +172,9 @@ class EWCPenalty:
             return torch.zeros((), device=next(module.parameters()).device)
         return 0.5 * self.weight * torch.stack(terms).sum()
 
-    def consolidate(self, new_fisher: dict[str, torch.Tensor], new_anchor: dict[str, torch.Tensor], decay: float) -> EWCPenalty:
+    def consolidate(
+        self, new_fisher: dict[str, torch.Tensor], new_anchor: dict[str, torch.Tensor], decay: float
+    ) -> EWCPenalty:
         """Online EWC: ``F <- decay * F + F_new``, anchor at the newest parameters."""
         fisher = {k: decay * self.fisher[k] + v if k in self.fisher else v for k, v in new_fisher.items()}
         return EWCPenalty(fisher, new_anchor, self.weight)

@@ -70,7 +70,9 @@ class IQL(OfflineActorCritic):
         self.obs_dim, self.act_dim = obs_dim, act_dim
         self.device = torch.device(device)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(
+            self.device
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.value = value_net(obs_dim, cfg, self.device)
         self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
@@ -78,8 +80,17 @@ class IQL(OfflineActorCritic):
         self.value_opt = network_adam(self.value, cfg.value_lr, cfg.context_lr_scale)
         self.cost: CostSide | None = None
         if cfg.learn_cost:
-            self.cost = CostSide(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim, cfg.critic_lr,
-                                 cfg.context_lr_scale, cfg.pid, self.device)
+            self.cost = CostSide(
+                obs_dim,
+                act_dim,
+                cfg.hidden,
+                cfg.n_critics,
+                cfg.context_dim,
+                cfg.critic_lr,
+                cfg.context_lr_scale,
+                cfg.pid,
+                self.device,
+            )
             self.cost_value = value_net(obs_dim, cfg, self.device)
             self.cost_value_opt = network_adam(self.cost_value, cfg.value_lr, cfg.context_lr_scale)
         self.constraint_obs: torch.Tensor | None = None
@@ -87,14 +98,21 @@ class IQL(OfflineActorCritic):
 
     def networks(self) -> dict[str, nn.Module]:
         nets: dict[str, nn.Module] = {
-            "actor": self.actor, "critic": self.critic, "critic_target": self.critic_target, "value": self.value,
+            "actor": self.actor,
+            "critic": self.critic,
+            "critic_target": self.critic_target,
+            "value": self.value,
         }
         if self.cost is not None:
             nets |= self.cost.networks() | {"cost_value": self.cost_value}
         return nets
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        opts: dict[str, torch.optim.Optimizer] = {"actor": self.actor_opt, "critic": self.critic_opt, "value": self.value_opt}
+        opts: dict[str, torch.optim.Optimizer] = {
+            "actor": self.actor_opt,
+            "critic": self.critic_opt,
+            "value": self.value_opt,
+        }
         if self.cost is not None:
             opts |= {"cost_critic": self.cost.opt, "cost_value": self.cost_value_opt}
         return opts
@@ -123,7 +141,9 @@ class IQL(OfflineActorCritic):
             with torch.no_grad():
                 qc_data = self.cost.target(batch.obs, batch.act).max(0).values
             vc = state_value(self.cost_value, batch.obs)
-            m["loss_cost_value"] = self._step(self.cost_value_opt, expectile_loss(qc_data - vc, cfg.cost_expectile))
+            m["loss_cost_value"] = self._step(
+                self.cost_value_opt, expectile_loss(qc_data - vc, cfg.cost_expectile)
+            )
             with torch.no_grad():
                 vc_next = state_value(self.cost_value, batch.next_obs)
             m["loss_cost_critic"] = self.cost.step(batch, vc_next, cfg.gamma, cfg.tau)

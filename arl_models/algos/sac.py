@@ -83,7 +83,9 @@ class SAC:
         self.device = torch.device(device)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -float(act_dim)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(
+            self.device
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_temp = nn.Parameter(torch.tensor(math.log(cfg.init_temperature), device=self.device))
         self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
@@ -91,7 +93,9 @@ class SAC:
         self.temp_opt = adam([self.log_temp], lr=cfg.temp_lr)
         self.cost_critic: EnsembleCritic | None = None
         if cfg.learn_cost:
-            self.cost_critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
+            self.cost_critic = EnsembleCritic(
+                obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim
+            ).to(self.device)
             self.cost_critic_target = copy.deepcopy(self.cost_critic).requires_grad_(False)
             self.cost_opt = network_adam(self.cost_critic, cfg.critic_lr, cfg.context_lr_scale)
         self.lagrangian = PIDLagrangian(cfg.pid)
@@ -102,13 +106,21 @@ class SAC:
 
     # ---- parts that subclasses extend -------------------------------------------------------------
     def networks(self) -> dict[str, nn.Module]:
-        nets: dict[str, nn.Module] = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
+        nets: dict[str, nn.Module] = {
+            "actor": self.actor,
+            "critic": self.critic,
+            "critic_target": self.critic_target,
+        }
         if self.cost_critic is not None:
             nets |= {"cost_critic": self.cost_critic, "cost_critic_target": self.cost_critic_target}
         return nets
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        opts: dict[str, torch.optim.Optimizer] = {"actor": self.actor_opt, "critic": self.critic_opt, "temp": self.temp_opt}
+        opts: dict[str, torch.optim.Optimizer] = {
+            "actor": self.actor_opt,
+            "critic": self.critic_opt,
+            "temp": self.temp_opt,
+        }
         if self.cost_critic is not None:
             opts["cost_critic"] = self.cost_opt
         return opts
@@ -122,7 +134,11 @@ class SAC:
         return self.log_temp.exp().detach()
 
     def critic_loss(
-        self, batch: Batch, next_act: torch.Tensor, next_logp: torch.Tensor, weights: torch.Tensor | None = None
+        self,
+        batch: Batch,
+        next_act: torch.Tensor,
+        next_logp: torch.Tensor,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         with torch.no_grad():
             target = self.td_target(batch, next_act, next_logp)
@@ -137,7 +153,9 @@ class SAC:
         soft = q_next - self.temperature * next_logp
         return batch.rew + self.cfg.gamma * (1.0 - batch.done) * soft
 
-    def cost_critic_loss(self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def cost_critic_loss(
+        self, batch: Batch, next_act: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
         assert self.cost_critic is not None
         with torch.no_grad():
             # A cost is a non-negative penalty, so is its value. Without the floor an actor that
@@ -203,7 +221,10 @@ class SAC:
             self.cost_opt.zero_grad(set_to_none=True)
             cost_loss.backward()
             self.cost_opt.step()
-            metrics |= {"loss_cost_critic": cost_loss.item(), "qc_policy": qc.mean().item() if qc is not None else 0.0}
+            metrics |= {
+                "loss_cost_critic": cost_loss.item(),
+                "qc_policy": qc.mean().item() if qc is not None else 0.0,
+            }
             if self.cfg.cost_q_limit is not None and qc is not None:
                 measured = self.constrained_cost_value(qc)
                 self.lagrangian.update(measured, self.cfg.cost_q_limit)
@@ -231,7 +252,9 @@ class SAC:
 
     def load_extra_state(self, s: dict[str, float]) -> None:
         self.step = int(s["step"])
-        self.lagrangian.load_state({k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")})
+        self.lagrangian.load_state(
+            {k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")}
+        )
 
 
 def td_loss(q: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:

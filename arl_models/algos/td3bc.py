@@ -45,7 +45,9 @@ class TD3BCConfig(ActorCriticConfig):
     """Critic steps per actor (and target) step."""
 
 
-def smoothed_target_action(actor: TanhGaussianActor, next_obs: torch.Tensor, noise: float, clip: float) -> torch.Tensor:
+def smoothed_target_action(
+    actor: TanhGaussianActor, next_obs: torch.Tensor, noise: float, clip: float
+) -> torch.Tensor:
     """TD3's target action: the target policy's mean plus clipped Gaussian noise, within [-1, 1]."""
     mean = actor.act(next_obs, True)
     eps = (torch.randn_like(mean) * noise).clamp(-clip, clip)
@@ -63,22 +65,36 @@ class TD3BC(OfflineActorCritic):
         self.device = torch.device(device)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(self.device)
+        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(
+            self.device
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
         self.critic_opt = network_adam(self.critic, cfg.critic_lr, cfg.context_lr_scale)
         self.cost = (
-            CostSide(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim, cfg.critic_lr,
-                     cfg.context_lr_scale, cfg.pid, self.device)
-            if cfg.learn_cost else None
+            CostSide(
+                obs_dim,
+                act_dim,
+                cfg.hidden,
+                cfg.n_critics,
+                cfg.context_dim,
+                cfg.critic_lr,
+                cfg.context_lr_scale,
+                cfg.pid,
+                self.device,
+            )
+            if cfg.learn_cost
+            else None
         )
         self.constraint_obs: torch.Tensor | None = None
         self.step = 0
 
     def networks(self) -> dict[str, nn.Module]:
         nets: dict[str, nn.Module] = {
-            "actor": self.actor, "actor_target": self.actor_target,
-            "critic": self.critic, "critic_target": self.critic_target,
+            "actor": self.actor,
+            "actor_target": self.actor_target,
+            "critic": self.critic,
+            "critic_target": self.critic_target,
         }
         return nets | (self.cost.networks() if self.cost else {})
 
@@ -117,7 +133,9 @@ class TD3BC(OfflineActorCritic):
 
     def update(self, batch: Batch) -> dict[str, float]:
         with torch.no_grad():
-            next_act = smoothed_target_action(self.actor_target, batch.next_obs, self.cfg.policy_noise, self.cfg.noise_clip)
+            next_act = smoothed_target_action(
+                self.actor_target, batch.next_obs, self.cfg.policy_noise, self.cfg.noise_clip
+            )
         critic_loss = self.critic_loss(batch, next_act)
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()
@@ -138,5 +156,7 @@ class TD3BC(OfflineActorCritic):
             metrics |= {"loss_actor": actor_loss.item(), "loss_bc": bc.item()}
             if self.cost is not None:
                 measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
-                metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(measured, self.cfg.cost_q_limit)
+                metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(
+                    measured, self.cfg.cost_q_limit
+                )
         return metrics

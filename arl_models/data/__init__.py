@@ -12,6 +12,12 @@ from arl_models.data.dataset import (
 )
 
 __all__ = [
-    "COLUMNS", "DatasetError", "DatasetInfo", "Transitions", "read_dataset", "read_info",
-    "with_metadata", "write_dataset",
+    "COLUMNS",
+    "DatasetError",
+    "DatasetInfo",
+    "Transitions",
+    "read_dataset",
+    "read_info",
+    "with_metadata",
+    "write_dataset",
 ]

@@ -144,7 +144,10 @@ class Transitions:
             ids.append(inverse.astype(np.int64) + offset)
             offset += int(inverse.max(initial=-1)) + 1
         keys = [k for k in parts[0].__dict__ if k != "episode_id"]
-        return Transitions(**{k: np.concatenate([p.__dict__[k] for p in parts]) for k in keys}, episode_id=np.concatenate(ids))
+        return Transitions(
+            **{k: np.concatenate([p.__dict__[k] for p in parts]) for k in keys},
+            episode_id=np.concatenate(ids),
+        )
 
 
 def utc_now_iso() -> str:
@@ -198,7 +201,16 @@ def write_dataset(path: str | Path, transitions: Transitions, info: DatasetInfo)
     return path
 
 
-_SAME_IN_EVERY_PART = ("task", "env_id", "env_version", "obs_dim", "action_dim", "action_low", "action_high", "cost_budget")
+_SAME_IN_EVERY_PART = (
+    "task",
+    "env_id",
+    "env_version",
+    "obs_dim",
+    "action_dim",
+    "action_low",
+    "action_high",
+    "cost_budget",
+)
 
 
 def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
@@ -214,18 +226,32 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
     for path, info in zip(paths[1:], infos[1:], strict=True):
         for name in _SAME_IN_EVERY_PART:
             if getattr(info, name) != getattr(first, name):
-                raise DatasetError(f"{path}: {name} is {getattr(info, name)!r}, but {paths[0]} has {getattr(first, name)!r}")
+                raise DatasetError(
+                    f"{path}: {name} is {getattr(info, name)!r}, but {paths[0]} has {getattr(first, name)!r}"
+                )
         if info.extra.get("cost_fn") != first.extra.get("cost_fn"):
-            raise DatasetError(f"{path}: cost labelled by {info.extra.get('cost_fn')!r}, but {paths[0]} by "
-                               f"{first.extra.get('cost_fn')!r} (arl data relabel one of them first)")
-    refs = {k: [getattr(i, k) for i in infos if getattr(i, k) is not None] for k in ("ref_random_return", "ref_expert_return")}
+            raise DatasetError(
+                f"{path}: cost labelled by {info.extra.get('cost_fn')!r}, but {paths[0]} by "
+                f"{first.extra.get('cost_fn')!r} (arl data relabel one of them first)"
+            )
+    refs = {
+        k: [getattr(i, k) for i in infos if getattr(i, k) is not None]
+        for k in ("ref_random_return", "ref_expert_return")
+    }
     info = replace(
-        first, quality="mixed", source="arl data merge",
+        first,
+        quality="mixed",
+        source="arl data merge",
         ref_random_return=min(refs["ref_random_return"], default=None),
         ref_expert_return=max(refs["ref_expert_return"], default=None),
         ref_source=first.ref_source if all(i.ref_source == first.ref_source for i in infos) else "merged",
         extra={k: v for k, v in first.extra.items() if k in ("cost_fn", "max_episode_steps")}
-        | {"merged_from": [{"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions} for p, i in zip(paths, infos, strict=True)]},
+        | {
+            "merged_from": [
+                {"path": str(p), "quality": i.quality, "num_transitions": i.num_transitions}
+                for p, i in zip(paths, infos, strict=True)
+            ]
+        },
     )
     write_dataset(out, Transitions.concat([read_dataset(p)[0] for p in paths]), info)
     return read_info(out)
@@ -294,11 +320,21 @@ def _check_sidecar(info: DatasetInfo, sidecar: Path) -> DatasetInfo:
             raise DatasetError(f"{sidecar}: {name} must be a positive integer, got {value!r}")
     for name in ("action_low", "action_high"):
         bounds = getattr(info, name)
-        numbers = isinstance(bounds, list) and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+        numbers = isinstance(bounds, list) and all(
+            isinstance(b, int | float) and not isinstance(b, bool) for b in bounds
+        )
         if not numbers or len(bounds) != info.action_dim:
-            raise DatasetError(f"{sidecar}: {name} must be a list of {info.action_dim} numbers (action_dim), got {bounds!r}")
-    if not isinstance(info.num_transitions, int) or isinstance(info.num_transitions, bool) or info.num_transitions < 0:
-        raise DatasetError(f"{sidecar}: num_transitions must be a non-negative integer, got {info.num_transitions!r}")
+            raise DatasetError(
+                f"{sidecar}: {name} must be a list of {info.action_dim} numbers (action_dim), got {bounds!r}"
+            )
+    if (
+        not isinstance(info.num_transitions, int)
+        or isinstance(info.num_transitions, bool)
+        or info.num_transitions < 0
+    ):
+        raise DatasetError(
+            f"{sidecar}: num_transitions must be a non-negative integer, got {info.num_transitions!r}"
+        )
     return info
 
 

@@ -66,26 +66,45 @@ class BehaviourConfig:
 # stands within 10k learning steps, so evaluating every 10k gave a first snapshot at 93% of the best and a
 # `medium` that was not medium. An evaluation costs a few thousand environment steps; a snapshot, an actor.
 BEHAVIOUR: dict[str, BehaviourConfig] = {
-    "safe-pendulum": BehaviourConfig(SACConfig(hidden=(64, 64), learn_cost=False), steps=12_000, eval_every=500),
-    "safe-hopper": BehaviourConfig(SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000),
-    "safe-halfcheetah": BehaviourConfig(SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000),
+    "safe-pendulum": BehaviourConfig(
+        SACConfig(hidden=(64, 64), learn_cost=False), steps=12_000, eval_every=500
+    ),
+    "safe-hopper": BehaviourConfig(
+        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
+    ),
+    "safe-halfcheetah": BehaviourConfig(
+        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
+    ),
 }
 
 
-def behaviour_config(task: str, steps: int | None = None, seed: int = 0, cost_penalty: float = 0.0) -> BehaviourConfig:
+def behaviour_config(
+    task: str, steps: int | None = None, seed: int = 0, cost_penalty: float = 0.0
+) -> BehaviourConfig:
     if cost_penalty < 0:
         raise ValueError(f"cost_penalty must be >= 0, got {cost_penalty}")
     name = task.partition("@")[0]
-    base = BEHAVIOUR.get(name, BehaviourConfig(SACConfig(learn_cost=False), steps=100_000, learning_starts=5_000, eval_every=2_000))
-    return replace(base, sac=replace(base.sac, seed=seed), steps=steps or base.steps, cost_penalty=float(cost_penalty))
+    base = BEHAVIOUR.get(
+        name,
+        BehaviourConfig(SACConfig(learn_cost=False), steps=100_000, learning_starts=5_000, eval_every=2_000),
+    )
+    return replace(
+        base, sac=replace(base.sac, seed=seed), steps=steps or base.steps, cost_penalty=float(cost_penalty)
+    )
 
 
 def _env_record(spec: TaskSpec) -> dict[str, Any]:
     obs_dim, act_dim, low, high, horizon = env_dims(spec)
     return {
-        "task": spec.name, "env_id": spec.env_id, "env_version": spec.env_version,
-        "obs_dim": obs_dim, "action_dim": act_dim, "action_low": low.tolist(), "action_high": high.tolist(),
-        "cost_budget": spec.cost_budget, "max_episode_steps": horizon,
+        "task": spec.name,
+        "env_id": spec.env_id,
+        "env_version": spec.env_version,
+        "obs_dim": obs_dim,
+        "action_dim": act_dim,
+        "action_low": low.tolist(),
+        "action_high": high.tolist(),
+        "cost_budget": spec.cost_budget,
+        "max_episode_steps": horizon,
     }
 
 
@@ -102,12 +121,22 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
     snapshots: list[dict[str, Any]] = []
-    random_eval = evaluate(lambda o: scaler.unnormalize(rng.uniform(-1, 1, (len(o), env_rec["action_dim"]))), spec, 10, seed=seed + 1)
+    random_eval = evaluate(
+        lambda o: scaler.unnormalize(rng.uniform(-1, 1, (len(o), env_rec["action_dim"]))),
+        spec,
+        10,
+        seed=seed + 1,
+    )
     current_hash = RANDOM_POLICY_HASH
-    print(f"training the behaviour SAC of {spec.key} first: {cfg.steps:,} environment steps, one gradient step each "
-          f"after {cfg.learning_starts:,}; cached in {out}, so other qualities reuse it", flush=True)
+    print(
+        f"training the behaviour SAC of {spec.key} first: {cfg.steps:,} environment steps, one gradient step each "
+        f"after {cfg.learning_starts:,}; cached in {out}, so other qualities reuse it",
+        flush=True,
+    )
     start, tenth = time.perf_counter(), max(cfg.steps // 10, 1)
-    for t in tqdm(range(1, cfg.steps + 1), desc=f"behaviour SAC {spec.key}", disable=not progress, unit="step"):
+    for t in tqdm(
+        range(1, cfg.steps + 1), desc=f"behaviour SAC {spec.key}", disable=not progress, unit="step"
+    ):
         if not progress and t % tenth == 0:
             _report_progress(t, cfg.steps, time.perf_counter() - start)
         if t <= cfg.learning_starts:
@@ -117,8 +146,14 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
         a = scaler.unnormalize(a_n)
         next_obs, r, term, trunc, info = env.step(a)
         rec.add(obs, a, r, info["cost"], next_obs, term, trunc, policy=current_hash)
-        buffer.add(obs=obs[None], act=a_n[None], rew=np.array([cfg.objective(float(r), info["cost"])]), cost=np.array([info["cost"]]),
-                   next_obs=next_obs[None], done=np.array([float(term)]))
+        buffer.add(
+            obs=obs[None],
+            act=a_n[None],
+            rew=np.array([cfg.objective(float(r), info["cost"])]),
+            cost=np.array([info["cost"]]),
+            next_obs=next_obs[None],
+            done=np.array([float(term)]),
+        )
         obs = env.reset()[0] if (term or trunc) else next_obs
         if t > cfg.learning_starts:
             sac.update(buffer.sample(cfg.sac.batch_size))
@@ -126,22 +161,38 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
             res = evaluate(lambda o: scaler.unnormalize(sac.act(o)), spec, cfg.eval_episodes, seed=seed + 2)
             state = {k: v.clone() for k, v in sac.actor.state_dict().items()}
             current_hash = policy_hash(state)
-            snapshots.append({"step": t, "return": res.mean_return, "cost": res.mean_cost, "state": state, "hash": current_hash,
-                              "objective": cfg.objective(res.mean_return, res.mean_cost)})
+            snapshots.append(
+                {
+                    "step": t,
+                    "return": res.mean_return,
+                    "cost": res.mean_cost,
+                    "state": state,
+                    "hash": current_hash,
+                    "objective": cfg.objective(res.mean_return, res.mean_cost),
+                }
+            )
     env.close()
     return _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg)
 
 
 def _report_progress(done: int, total: int, elapsed: float) -> None:
     left = elapsed / done * (total - done)
-    print(f"behaviour SAC: {done:,}/{total:,} steps in {elapsed / 60:.1f} min, about {left / 60:.1f} min left", flush=True)
+    print(
+        f"behaviour SAC: {done:,}/{total:,} steps in {elapsed / 60:.1f} min, about {left / 60:.1f} min left",
+        flush=True,
+    )
 
 
 def _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg) -> Path:
     if not snapshots:
-        raise ValueError(f"behaviour run of {spec.key} made no evaluations: steps must exceed learning_starts + eval_every")
+        raise ValueError(
+            f"behaviour run of {spec.key} made no evaluations: steps must exceed learning_starts + eval_every"
+        )
     # ranked by the objective the behaviour learns (the return itself when there is no cost penalty)
-    random_return, random_objective = random_eval.mean_return, cfg.objective(random_eval.mean_return, random_eval.mean_cost)
+    random_return, random_objective = (
+        random_eval.mean_return,
+        cfg.objective(random_eval.mean_return, random_eval.mean_cost),
+    )
     expert = max(snapshots, key=lambda s: s["objective"])
     span = expert["objective"] - random_objective
     scores = [100.0 * (s["objective"] - random_objective) / span for s in snapshots]
@@ -150,27 +201,47 @@ def _save_behaviour(out, spec, env_rec, rec, snapshots, random_eval, cfg) -> Pat
     out.mkdir(parents=True, exist_ok=True)
     actor_rec = {"algo": "sac", "config": dataclasses.asdict(cfg.sac), "env": env_rec}
     for name, snap in (("expert", expert), ("medium", medium)):
-        actor = TanhGaussianActor(env_rec["obs_dim"], env_rec["action_dim"], cfg.sac.hidden, cfg.sac.context_dim)
+        actor = TanhGaussianActor(
+            env_rec["obs_dim"], env_rec["action_dim"], cfg.sac.hidden, cfg.sac.context_dim
+        )
         actor.load_state_dict(snap["state"])
-        save_policy(out / name, actor, actor_rec | {"snapshot_step": snap["step"], "policy_hash": snap["hash"]})
+        save_policy(
+            out / name, actor, actor_rec | {"snapshot_step": snap["step"], "policy_hash": snap["hash"]}
+        )
     t = rec.to_transitions(spec.env_version, cfg.sac.seed)
     write_dataset(out / "replay", t, _info(spec, env_rec, "replay", random_return, expert["return"]))
     refs = {
-        "random_return": random_return, "expert_return": expert["return"], "expert_step": expert["step"],
-        "medium_step": medium["step"], "medium_return": medium["return"], "cost_penalty": cfg.cost_penalty,
-        "curve": [{"step": s["step"], "return": s["return"], "cost": s["cost"], "objective": s["objective"]} for s in snapshots],
+        "random_return": random_return,
+        "expert_return": expert["return"],
+        "expert_step": expert["step"],
+        "medium_step": medium["step"],
+        "medium_return": medium["return"],
+        "cost_penalty": cfg.cost_penalty,
+        "curve": [
+            {"step": s["step"], "return": s["return"], "cost": s["cost"], "objective": s["objective"]}
+            for s in snapshots
+        ],
     }
     (out / "behaviour.json").write_text(json.dumps(refs, indent=2) + "\n")
     return out
 
 
-def _info(spec: TaskSpec, env_rec: dict, quality: str, random_return: float, expert_return: float, **extra) -> DatasetInfo:
+def _info(
+    spec: TaskSpec, env_rec: dict, quality: str, random_return: float, expert_return: float, **extra
+) -> DatasetInfo:
     return DatasetInfo(
-        task=spec.name, env_id=spec.env_id, env_version=spec.env_version,
-        obs_dim=env_rec["obs_dim"], action_dim=env_rec["action_dim"],
-        action_low=env_rec["action_low"], action_high=env_rec["action_high"], quality=quality,
-        ref_random_return=float(random_return), ref_expert_return=float(expert_return),
-        cost_budget=spec.cost_budget, source="arl data generate",
+        task=spec.name,
+        env_id=spec.env_id,
+        env_version=spec.env_version,
+        obs_dim=env_rec["obs_dim"],
+        action_dim=env_rec["action_dim"],
+        action_low=env_rec["action_low"],
+        action_high=env_rec["action_high"],
+        quality=quality,
+        ref_random_return=float(random_return),
+        ref_expert_return=float(expert_return),
+        cost_budget=spec.cost_budget,
+        source="arl data generate",
         extra={"max_episode_steps": env_rec["max_episode_steps"], "cost_fn": repr(spec.cost_fn), **extra},
     )
 
@@ -183,8 +254,15 @@ def default_behaviour_dir(spec: TaskSpec, cfg: BehaviourConfig) -> Path:
 
 
 def generate_dataset(
-    task: str, quality: str, out: str | Path, *, transitions: int = 100_000, seed: int = 0,
-    behaviour_steps: int | None = None, behaviour_dir: str | Path | None = None, cost_penalty: float = 0.0,
+    task: str,
+    quality: str,
+    out: str | Path,
+    *,
+    transitions: int = 100_000,
+    seed: int = 0,
+    behaviour_steps: int | None = None,
+    behaviour_dir: str | Path | None = None,
+    cost_penalty: float = 0.0,
     progress: bool = True,
 ) -> DatasetInfo:
     """Generate one dataset of ``quality`` for ``task`` (``name`` or ``name@version``) into ``out``.
@@ -200,11 +278,20 @@ def generate_dataset(
         train_behaviour(spec, bdir, cfg, progress)
     refs = json.loads((bdir / "behaviour.json").read_text())
     if refs.get("cost_penalty", 0.0) != cfg.cost_penalty:
-        raise ValueError(f"behaviour run {bdir} was trained with cost penalty {refs.get('cost_penalty', 0.0):g}, "
-                         f"not {cfg.cost_penalty:g}; pass its own penalty or another --behaviour-dir")
+        raise ValueError(
+            f"behaviour run {bdir} was trained with cost penalty {refs.get('cost_penalty', 0.0):g}, "
+            f"not {cfg.cost_penalty:g}; pass its own penalty or another --behaviour-dir"
+        )
     env_rec = _env_record(spec)
-    info = _info(spec, env_rec, quality, refs["random_return"], refs["expert_return"], behaviour_dir=str(bdir),
-                 behaviour_cost_penalty=cfg.cost_penalty)
+    info = _info(
+        spec,
+        env_rec,
+        quality,
+        refs["random_return"],
+        refs["expert_return"],
+        behaviour_dir=str(bdir),
+        behaviour_cost_penalty=cfg.cost_penalty,
+    )
     data = _collect(quality, spec, bdir, refs, env_rec, transitions, seed, progress)
     write_dataset(out, data, info)
     return read_info(out)
@@ -218,7 +305,15 @@ def _collect(quality, spec, bdir, refs, env_rec, n, seed, progress) -> Transitio
     if quality == "random":
         rng = np.random.default_rng(seed)
         low, high = np.asarray(env_rec["action_low"]), np.asarray(env_rec["action_high"])
-        return rollout(lambda o: rng.uniform(low, high).astype(np.float32), spec, n, seed, RANDOM_POLICY_HASH, progress, "random")
+        return rollout(
+            lambda o: rng.uniform(low, high).astype(np.float32),
+            spec,
+            n,
+            seed,
+            RANDOM_POLICY_HASH,
+            progress,
+            "random",
+        )
     if quality in ("medium", "expert"):
         return _policy_rollout(bdir / quality, spec, n, seed, progress)
     medium = _policy_rollout(bdir / "medium", spec, n // 2, seed, progress)
@@ -229,4 +324,12 @@ def _collect(quality, spec, bdir, refs, env_rec, n, seed, progress) -> Transitio
 def _policy_rollout(pdir: Path, spec: TaskSpec, n: int, seed: int, progress: bool) -> Transitions:
     policy = load_policy(pdir)
     torch.manual_seed(seed)
-    return rollout(lambda o: policy.act(o, deterministic=False), spec, n, seed, policy.record["policy_hash"], progress, pdir.name)
+    return rollout(
+        lambda o: policy.act(o, deterministic=False),
+        spec,
+        n,
+        seed,
+        policy.record["policy_hash"],
+        progress,
+        pdir.name,
+    )

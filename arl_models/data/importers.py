@@ -43,7 +43,9 @@ def _costs(
         return np.asarray(given, np.float32)
     batch_cost = getattr(spec.cost_fn, "batch_cost", None)
     if batch_cost is None:
-        raise DatasetError(f"{source}: no cost column and task {spec.name!r} cannot compute costs from its transitions")
+        raise DatasetError(
+            f"{source}: no cost column and task {spec.name!r} cannot compute costs from its transitions"
+        )
     return batch_cost(action, next_obs)
 
 
@@ -51,21 +53,39 @@ def _info(
     spec: TaskSpec, quality: str, n_source: str, costs_computed: bool, ref_scores: tuple[float, float] | None
 ) -> DatasetInfo:
     obs_dim, act_dim, low, high, horizon = env_dims(spec)
-    refs = given_references(ref_scores) if ref_scores is not None else resolve_references(spec.name, spec.env_version)
+    refs = (
+        given_references(ref_scores)
+        if ref_scores is not None
+        else resolve_references(spec.name, spec.env_version)
+    )
     return DatasetInfo(
-        task=spec.name, env_id=spec.env_id, env_version=spec.env_version, obs_dim=obs_dim, action_dim=act_dim,
-        action_low=low.tolist(), action_high=high.tolist(), quality=quality, cost_budget=spec.cost_budget,
-        ref_random_return=refs.random_return if refs else None, ref_expert_return=refs.expert_return if refs else None,
-        ref_source=refs.source if refs else None, source=n_source,
-        extra={"max_episode_steps": horizon, "cost_fn": repr(spec.cost_fn) if costs_computed else "given by the source",
-               "references": refs.detail if refs else f"none known for {spec.key}"},
+        task=spec.name,
+        env_id=spec.env_id,
+        env_version=spec.env_version,
+        obs_dim=obs_dim,
+        action_dim=act_dim,
+        action_low=low.tolist(),
+        action_high=high.tolist(),
+        quality=quality,
+        cost_budget=spec.cost_budget,
+        ref_random_return=refs.random_return if refs else None,
+        ref_expert_return=refs.expert_return if refs else None,
+        ref_source=refs.source if refs else None,
+        source=n_source,
+        extra={
+            "max_episode_steps": horizon,
+            "cost_fn": repr(spec.cost_fn) if costs_computed else "given by the source",
+            "references": refs.detail if refs else f"none known for {spec.key}",
+        },
     )
 
 
 def _check_dims(spec: TaskSpec, obs: np.ndarray, act: np.ndarray, source: str) -> None:
     obs_dim, act_dim, *_ = env_dims(spec)
     if obs.ndim != 2 or obs.shape[1] != obs_dim:
-        raise DatasetError(f"{source}: observations have shape {obs.shape}; task {spec.key} needs (N, {obs_dim})")
+        raise DatasetError(
+            f"{source}: observations have shape {obs.shape}; task {spec.key} needs (N, {obs_dim})"
+        )
     if act.ndim != 2 or act.shape[1] != act_dim:
         raise DatasetError(f"{source}: actions have shape {act.shape}; task {spec.key} needs (N, {act_dim})")
 
@@ -88,7 +108,13 @@ def _episode_steps(episode_id: np.ndarray) -> np.ndarray:
 
 
 def import_d4rl(
-    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None,
+    path: str | Path,
+    task: str,
+    out: str | Path,
+    *,
+    quality: str = "imported",
+    seed: int = 0,
+    policy_hash: str | None = None,
     ref_scores: tuple[float, float] | None = None,
 ) -> DatasetInfo:
     """A D4RL-style HDF5 file (``observations, actions, rewards, terminals, timeouts``[, ``next_observations``]);
@@ -135,8 +161,15 @@ def import_d4rl(
     episode_id = episode_id[sel]
     ph = policy_hash or hashlib.sha256(act.tobytes()).hexdigest()
     t = Transitions(
-        obs=obs[sel], action=act[sel], reward=rew[sel], cost=cost_arr[sel], next_obs=nxt[sel],
-        terminated=term[sel], truncated=trunc[sel], episode_id=episode_id, step=_episode_steps(episode_id),
+        obs=obs[sel],
+        action=act[sel],
+        reward=rew[sel],
+        cost=cost_arr[sel],
+        next_obs=nxt[sel],
+        terminated=term[sel],
+        truncated=trunc[sel],
+        episode_id=episode_id,
+        step=_episode_steps(episode_id),
         **with_metadata(int(sel.sum()), env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
     info = _info(spec, quality, f"d4rl:{Path(path).name}", costs_computed=cost is None, ref_scores=ref_scores)
@@ -145,7 +178,13 @@ def import_d4rl(
 
 
 def import_minari(
-    path: str | Path, task: str, out: str | Path, *, quality: str = "imported", seed: int = 0, policy_hash: str | None = None,
+    path: str | Path,
+    task: str,
+    out: str | Path,
+    *,
+    quality: str = "imported",
+    seed: int = 0,
+    policy_hash: str | None = None,
     ref_scores: tuple[float, float] | None = None,
 ) -> DatasetInfo:
     """A Minari dataset directory (``data/main_data.hdf5`` with one group per episode); ``ref_scores`` as
@@ -159,7 +198,9 @@ def import_minari(
         h5 = path if path.suffix in (".hdf5", ".h5") else h5
     if not h5.is_file():
         raise DatasetError(f"{path}: not a Minari dataset directory (no data/main_data.hdf5)")
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "next_obs", "act", "rew", "cost", "term", "trunc", "ep")}
+    parts: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("obs", "next_obs", "act", "rew", "cost", "term", "trunc", "ep")
+    }
     with _hdf5(h5) as f:
         episodes = sorted((k for k in f if k.startswith("episode_")), key=lambda k: int(k.split("_")[1]))
         if not episodes:
@@ -170,14 +211,20 @@ def import_minari(
             a = g["actions"][:].astype(np.float32)
             steps = len(a)
             if len(o) != steps + 1:
-                raise DatasetError(f"{h5}:{name}: observations has {len(o)} rows, expected actions+1 = {steps + 1}")
+                raise DatasetError(
+                    f"{h5}:{name}: observations has {len(o)} rows, expected actions+1 = {steps + 1}"
+                )
             parts["obs"].append(o[:-1])
             parts["next_obs"].append(o[1:])
             parts["act"].append(a)
             parts["rew"].append(g["rewards"][:].astype(np.float32))
             parts["term"].append(g["terminations"][:].astype(bool))
             parts["trunc"].append(g["truncations"][:].astype(bool))
-            parts["cost"].append(g["infos/cost"][:].astype(np.float32) if "infos/cost" in g else np.full(steps, np.nan, np.float32))
+            parts["cost"].append(
+                g["infos/cost"][:].astype(np.float32)
+                if "infos/cost" in g
+                else np.full(steps, np.nan, np.float32)
+            )
             parts["ep"].append(np.full(steps, i, np.int64))
     cat = {k: np.concatenate(v) for k, v in parts.items()}
     _check_dims(spec, cat["obs"], cat["act"], str(h5))
@@ -187,9 +234,16 @@ def import_minari(
         raise DatasetError(f"{h5}: the episodes hold 0 transitions")
     ph = policy_hash or hashlib.sha256(cat["act"].tobytes()).hexdigest()
     t = Transitions(
-        obs=cat["obs"], action=cat["act"], reward=cat["rew"], cost=_costs(spec, cat["act"], cat["next_obs"], given, str(h5)),
-        next_obs=cat["next_obs"], terminated=cat["term"], truncated=cat["trunc"], episode_id=cat["ep"],
-        step=_episode_steps(cat["ep"]), **with_metadata(n, env_version=spec.env_version, policy_hash=ph, random_seed=seed),
+        obs=cat["obs"],
+        action=cat["act"],
+        reward=cat["rew"],
+        cost=_costs(spec, cat["act"], cat["next_obs"], given, str(h5)),
+        next_obs=cat["next_obs"],
+        terminated=cat["term"],
+        truncated=cat["trunc"],
+        episode_id=cat["ep"],
+        step=_episode_steps(cat["ep"]),
+        **with_metadata(n, env_version=spec.env_version, policy_hash=ph, random_seed=seed),
     )
     info = _info(spec, quality, f"minari:{path.name}", costs_computed=given is None, ref_scores=ref_scores)
     write_dataset(out, t, info)
@@ -208,5 +262,7 @@ def relabel_costs(src: str | Path, out: str | Path) -> DatasetInfo:
         raise DatasetError(f"{src}: task {spec.key} cannot compute costs from stored transitions")
     old = info.extra.get("cost_fn", "unrecorded")
     extra = info.extra | {"cost_fn": repr(spec.cost_fn), "relabelled_from": old}
-    write_dataset(out, replace(t, cost=_costs(spec, t.action, t.next_obs, None, str(src))), replace(info, extra=extra))
+    write_dataset(
+        out, replace(t, cost=_costs(spec, t.action, t.next_obs, None, str(src))), replace(info, extra=extra)
+    )
     return read_info(out)

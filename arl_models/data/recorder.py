@@ -26,7 +26,20 @@ class TransitionRecorder:
     """Appends single steps; :meth:`to_transitions` stacks them into contiguous arrays."""
 
     def __init__(self, first_episode_id: int = 0):
-        self.rows: dict[str, list] = {k: [] for k in ("obs", "action", "reward", "cost", "next_obs", "terminated", "truncated", "episode_id", "step")}
+        self.rows: dict[str, list] = {
+            k: []
+            for k in (
+                "obs",
+                "action",
+                "reward",
+                "cost",
+                "next_obs",
+                "terminated",
+                "truncated",
+                "episode_id",
+                "step",
+            )
+        }
         self.policy_hashes: list[str] = []
         self.episode_id = first_episode_id
         self.t = 0
@@ -34,7 +47,9 @@ class TransitionRecorder:
     def __len__(self) -> int:
         return len(self.rows["reward"])
 
-    def add(self, obs, action, reward, cost, next_obs, terminated: bool, truncated: bool, policy: str = "") -> None:
+    def add(
+        self, obs, action, reward, cost, next_obs, terminated: bool, truncated: bool, policy: str = ""
+    ) -> None:
         r = self.rows
         r["obs"].append(np.asarray(obs, np.float32))
         r["action"].append(np.asarray(action, np.float32))
@@ -55,15 +70,21 @@ class TransitionRecorder:
         """Stack the rows; ``policy`` overrides the per-row policy hashes with one value."""
         n = len(self)
         r = self.rows
-        meta = with_metadata(n, env_version=env_version, policy_hash=policy or "0" * 64, random_seed=random_seed)
+        meta = with_metadata(
+            n, env_version=env_version, policy_hash=policy or "0" * 64, random_seed=random_seed
+        )
         if policy is None:
             meta["policy_hash"] = np.asarray(self.policy_hashes, dtype=object)
         return Transitions(
-            obs=np.stack(r["obs"]), action=np.stack(r["action"]),
-            reward=np.asarray(r["reward"], np.float32), cost=np.asarray(r["cost"], np.float32),
+            obs=np.stack(r["obs"]),
+            action=np.stack(r["action"]),
+            reward=np.asarray(r["reward"], np.float32),
+            cost=np.asarray(r["cost"], np.float32),
             next_obs=np.stack(r["next_obs"]),
-            terminated=np.asarray(r["terminated"], bool), truncated=np.asarray(r["truncated"], bool),
-            episode_id=np.asarray(r["episode_id"], np.int64), step=np.asarray(r["step"], np.int32),
+            terminated=np.asarray(r["terminated"], bool),
+            truncated=np.asarray(r["truncated"], bool),
+            episode_id=np.asarray(r["episode_id"], np.int64),
+            step=np.asarray(r["step"], np.int32),
             **meta,
         )
 

@@ -65,11 +65,15 @@ def given_references(ref_scores: tuple[float, float]) -> References:
     """A caller's (random, expert) pair, checked: the expert must score above random."""
     random_return, expert_return = (float(x) for x in ref_scores)
     if not expert_return > random_return:
-        raise ValueError(f"reference expert return {expert_return:g} must exceed the random return {random_return:g}")
+        raise ValueError(
+            f"reference expert return {expert_return:g} must exceed the random return {random_return:g}"
+        )
     return References(random_return, expert_return, "given", "given by the caller")
 
 
-def resolve_references(task: str, env_version: str | None = None, cache_dir: Path | None = None) -> References | None:
+def resolve_references(
+    task: str, env_version: str | None = None, cache_dir: Path | None = None
+) -> References | None:
     """The references of ``task`` (``name`` or ``name@version``), by the module's lookup; ``KeyError``
     for a task the registry does not know."""
     spec = get_task(task, env_version)
@@ -81,11 +85,17 @@ def resolve_references(task: str, env_version: str | None = None, cache_dir: Pat
         return None
     expert_return, bdir = found
     random_return, cache = measure_random_return(spec, cache_dir)
-    return References(random_return, expert_return, "measured",
-                      f"expert of behaviour run {bdir}; random of {RANDOM_EPISODES} uniform episodes ({cache})")
+    return References(
+        random_return,
+        expert_return,
+        "measured",
+        f"expert of behaviour run {bdir}; random of {RANDOM_EPISODES} uniform episodes ({cache})",
+    )
 
 
-def reference_returns(task: str, env_version: str | None = None, cache_dir: Path | None = None) -> tuple[float, float] | None:
+def reference_returns(
+    task: str, env_version: str | None = None, cache_dir: Path | None = None
+) -> tuple[float, float] | None:
     """``(random, expert)`` returns of a task version, or ``None`` where none is known (module docstring)."""
     refs = resolve_references(task, env_version, cache_dir)
     return None if refs is None else (refs.random_return, refs.expert_return)
@@ -94,8 +104,11 @@ def reference_returns(task: str, env_version: str | None = None, cache_dir: Path
 def _behaviour_expert(spec: TaskSpec) -> tuple[float, Path] | None:
     """The expert return of the lowest-seed unpenalised default behaviour run cached for ``spec``."""
     root = default_behaviour_dir(spec, behaviour_config(spec.name)).parent
-    seeds = sorted(int(m.group(1)) for p in root.glob(f"{spec.key}-seed*")
-                   if (m := re.fullmatch(rf"{re.escape(spec.key)}-seed(\d+)-[0-9a-f]{{10}}", p.name)))
+    seeds = sorted(
+        int(m.group(1))
+        for p in root.glob(f"{spec.key}-seed*")
+        if (m := re.fullmatch(rf"{re.escape(spec.key)}-seed(\d+)-[0-9a-f]{{10}}", p.name))
+    )
     for seed in seeds:
         bdir = default_behaviour_dir(spec, behaviour_config(spec.name, seed=seed))
         record = bdir / "behaviour.json"
@@ -108,7 +121,12 @@ def measure_random_return(spec: TaskSpec, cache_dir: Path | None = None) -> tupl
     """Mean return of uniform random actions over :data:`RANDOM_EPISODES` episodes, and its cache file;
     measured once per task version and plant, then read back."""
     cache = (cache_dir or default_cache_dir()) / f"{spec.key}.json"
-    plant = {"env_id": spec.env_id, "dynamics": repr(spec.dynamics), "episodes": RANDOM_EPISODES, "seed": RANDOM_SEED}
+    plant = {
+        "env_id": spec.env_id,
+        "dynamics": repr(spec.dynamics),
+        "episodes": RANDOM_EPISODES,
+        "seed": RANDOM_SEED,
+    }
     if cache.is_file():
         record = json.loads(cache.read_text())
         if all(record.get(k) == v for k, v in plant.items()):
@@ -116,9 +134,20 @@ def measure_random_return(spec: TaskSpec, cache_dir: Path | None = None) -> tupl
     _, act_dim, low, high, _ = env_dims(spec)
     scaler = ActionScaler.of(low, high)
     rng = np.random.default_rng(RANDOM_SEED)
-    res = evaluate(lambda o: scaler.unnormalize(rng.uniform(-1, 1, (len(o), act_dim))), spec, RANDOM_EPISODES, seed=RANDOM_SEED + 1)
+    res = evaluate(
+        lambda o: scaler.unnormalize(rng.uniform(-1, 1, (len(o), act_dim))),
+        spec,
+        RANDOM_EPISODES,
+        seed=RANDOM_SEED + 1,
+    )
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"task": spec.name, "env_version": spec.env_version, **plant, "random_return": res.mean_return}, indent=2) + "\n")
+    tmp.write_text(
+        json.dumps(
+            {"task": spec.name, "env_version": spec.env_version, **plant, "random_return": res.mean_return},
+            indent=2,
+        )
+        + "\n"
+    )
     os.replace(tmp, cache)
     return res.mean_return, cache

@@ -21,7 +21,19 @@ from arl_models.envs.safety import (
 )
 
 __all__ = [
-    "DEFAULT_COST_BUDGET", "ActuatorEffortCost", "AngularSpeedCost", "CostFn", "Dynamics", "SafetyWrapper", "StepCost",
-    "TaskSpec", "VelocityCost", "env_dims", "get_task", "make_env", "register_task", "task_names",
+    "DEFAULT_COST_BUDGET",
+    "ActuatorEffortCost",
+    "AngularSpeedCost",
+    "CostFn",
+    "Dynamics",
+    "SafetyWrapper",
+    "StepCost",
+    "TaskSpec",
+    "VelocityCost",
+    "env_dims",
+    "get_task",
+    "make_env",
+    "register_task",
+    "task_names",
     "task_versions",
 ]

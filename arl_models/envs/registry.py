@@ -130,7 +130,9 @@ def _observe_dynamics(env: gym.Env, d: Dynamics) -> gym.Env:
     low = np.concatenate([space.low, np.full(extra.shape, -np.inf, np.float32)]).astype(np.float32)
     high = np.concatenate([space.high, np.full(extra.shape, np.inf, np.float32)]).astype(np.float32)
     box = gym.spaces.Box(low, high, dtype=np.float32)
-    return gym.wrappers.TransformObservation(env, lambda o: np.concatenate([o, extra]).astype(np.float32), box)
+    return gym.wrappers.TransformObservation(
+        env, lambda o: np.concatenate([o, extra]).astype(np.float32), box
+    )
 
 
 def make_env(
@@ -153,7 +155,9 @@ def env_dims(task: str | TaskSpec) -> tuple[int, int, np.ndarray, np.ndarray, in
     env = make_env(task)
     try:
         if not isinstance(env.action_space, gym.spaces.Box) or env.observation_space.shape is None:
-            raise TypeError(f"{env.spec.id if env.spec else env}: continuous (Box) actions and observations needed")
+            raise TypeError(
+                f"{env.spec.id if env.spec else env}: continuous (Box) actions and observations needed"
+            )
         low = np.asarray(env.action_space.low, dtype=np.float32)
         high = np.asarray(env.action_space.high, dtype=np.float32)
         horizon = env.spec.max_episode_steps if env.spec and env.spec.max_episode_steps else 1000
@@ -166,10 +170,30 @@ def _register_builtin() -> None:
     # Velocity thresholds are Safety-Gymnasium's (SafetyHopperVelocity, SafetyHalfCheetahVelocity,
     # SafetyWalker2dVelocity); the index is the x velocity's in the observation (qpos[1:], then qvel).
     builtin: list[tuple[str, str, CostFn, str]] = [
-        ("safe-pendulum", "Pendulum-v1", ActuatorEffortCost(threshold=1.0, ramp=1.0), "Pendulum swing-up; cost: torque past 1 N m, in N m (0 to 1 a step)"),
-        ("safe-hopper", "Hopper-v5", VelocityCost(threshold=0.7402, obs_index=5), "Hopper; cost when forward velocity > 0.7402 m/s"),
-        ("safe-halfcheetah", "HalfCheetah-v5", VelocityCost(threshold=3.2096, obs_index=8), "HalfCheetah; cost when forward velocity > 3.2096 m/s"),
-        ("safe-walker2d", "Walker2d-v5", VelocityCost(threshold=2.3415, obs_index=8), "Walker2d; cost when forward velocity > 2.3415 m/s"),
+        (
+            "safe-pendulum",
+            "Pendulum-v1",
+            ActuatorEffortCost(threshold=1.0, ramp=1.0),
+            "Pendulum swing-up; cost: torque past 1 N m, in N m (0 to 1 a step)",
+        ),
+        (
+            "safe-hopper",
+            "Hopper-v5",
+            VelocityCost(threshold=0.7402, obs_index=5),
+            "Hopper; cost when forward velocity > 0.7402 m/s",
+        ),
+        (
+            "safe-halfcheetah",
+            "HalfCheetah-v5",
+            VelocityCost(threshold=3.2096, obs_index=8),
+            "HalfCheetah; cost when forward velocity > 3.2096 m/s",
+        ),
+        (
+            "safe-walker2d",
+            "Walker2d-v5",
+            VelocityCost(threshold=2.3415, obs_index=8),
+            "Walker2d; cost when forward velocity > 2.3415 m/s",
+        ),
     ]
     # Dynamics variants for continual learning: each changes what the best policy does.
     variants = {
@@ -201,8 +225,18 @@ def _register_builtin() -> None:
         for version, dyn in {**variants, **extra}.items():
             register_task(TaskSpec(name, env_id, cost_fn, version, budget, dyn, description=f"{desc}; {dyn}"))
         for version, dyn in observed.items():
-            register_task(TaskSpec(name, env_id, cost_fn, version, budget, dyn, observe_dynamics=True,
-                                   description=f"{desc}; {dyn}, observed as the last 3 observation entries"))
+            register_task(
+                TaskSpec(
+                    name,
+                    env_id,
+                    cost_fn,
+                    version,
+                    budget,
+                    dyn,
+                    observe_dynamics=True,
+                    description=f"{desc}; {dyn}, observed as the last 3 observation entries",
+                )
+            )
 
 
 _register_builtin()

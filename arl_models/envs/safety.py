@@ -44,7 +44,9 @@ class VelocityCost:
 
     def __call__(self, obs: np.ndarray, action: np.ndarray, next_obs: np.ndarray, info: dict) -> StepCost:
         v = float(info[self.info_key])
-        return StepCost(cost=float(v > self.threshold), risk=float(np.clip(abs(v) / self.threshold, 0.0, 1.0)))
+        return StepCost(
+            cost=float(v > self.threshold), risk=float(np.clip(abs(v) / self.threshold, 0.0, 1.0))
+        )
 
     def batch_cost(self, action: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
         """Costs of many steps at once, from their actions ``(N, A)`` and next observations ``(N, O)``."""

@@ -56,18 +56,44 @@ from arl_models.online.sync_loop import make_envs, run_sync
 from arl_models.online.writer import OnlineWriter
 
 __all__ = [
-    "SAME_PARTS", "FinetuneConfig", "OnlineState", "OnlineWriter", "Origin", "Round", "Session",
-    "WorkerConfig", "after_round", "best_selection", "build_algo", "env_record", "finetune", "make_envs",
-    "offline_buffer", "open_session", "resolve_origin", "run_async", "run_sync", "sample_mixed",
-    "sample_mixed_prioritized", "stress_run", "warm_start",
+    "SAME_PARTS",
+    "FinetuneConfig",
+    "OnlineState",
+    "OnlineWriter",
+    "Origin",
+    "Round",
+    "Session",
+    "WorkerConfig",
+    "after_round",
+    "best_selection",
+    "build_algo",
+    "env_record",
+    "finetune",
+    "make_envs",
+    "offline_buffer",
+    "open_session",
+    "resolve_origin",
+    "run_async",
+    "run_sync",
+    "sample_mixed",
+    "sample_mixed_prioritized",
+    "stress_run",
+    "warm_start",
 ]
 
 
 @holding_out
 def finetune(
-    from_dir: str | Path, out: str | Path, *, task: str | None = None, data: str | Path | None = None,
-    config: FinetuneConfig = FinetuneConfig(), regularizer: Regularizer | None = None,  # noqa: B008 (frozen)
-    sink: MetricSink | None = None, progress: bool = True, stop_after_rounds: int | None = None,
+    from_dir: str | Path,
+    out: str | Path,
+    *,
+    task: str | None = None,
+    data: str | Path | None = None,
+    config: FinetuneConfig = FinetuneConfig(),  # noqa: B008 (frozen)
+    regularizer: Regularizer | None = None,
+    sink: MetricSink | None = None,
+    progress: bool = True,
+    stop_after_rounds: int | None = None,
     restart: bool = False,
 ) -> dict[str, float]:
     """Fine-tune the checkpoint in ``from_dir`` online; writes a checkpoint to ``out`` and returns the
@@ -88,8 +114,11 @@ def finetune(
         done = finished(out, cfg.steps)
         if done is not None:
             if progress:
-                print(f"[finetune] {out} finished {cfg.steps} steps already: its record is returned, "
-                      "nothing is trained", flush=True)
+                print(
+                    f"[finetune] {out} finished {cfg.steps} steps already: its record is returned, "
+                    "nothing is trained",
+                    flush=True,
+                )
             return done
     session = open_session(origin, cfg, out, resuming, sink, progress)
     if cfg.pipeline == "async":

@@ -61,8 +61,16 @@ def _store(s: Session, chunks: list[Chunk]) -> None:
     """A poll's chunks into the online replay in one write; each environment's rows extend its episode."""
     keys = ("obs", "act", "rew", "cost", "next_obs", "term")
     cat = {k: np.concatenate([getattr(c, k) for c in chunks]) for k in keys}
-    numbers = s.writer.add({"obs": cat["obs"], "act": cat["act"], "rew": cat["rew"], "cost": cat["cost"],
-                            "next_obs": cat["next_obs"], "done": cat["term"]})
+    numbers = s.writer.add(
+        {
+            "obs": cat["obs"],
+            "act": cat["act"],
+            "rew": cat["rew"],
+            "cost": cat["cost"],
+            "next_obs": cat["next_obs"],
+            "done": cat["term"],
+        }
+    )
     start = 0
     for c in chunks:
         for e in range(s.cfg.workers.envs_per_worker):
@@ -77,12 +85,17 @@ def worker_spec(session: Session) -> WorkerSpec:
     """What each worker runs: the session's task and actor shape, seeded from (seed, round)."""
     algo, env, w = session.algo, session.record["env"], session.cfg.workers
     return WorkerSpec(
-        task=session.spec.key, obs_dim=env["obs_dim"], act_dim=env["action_dim"],
-        hidden=tuple(algo.cfg.hidden), action_low=tuple(float(x) for x in env["action_low"]),
+        task=session.spec.key,
+        obs_dim=env["obs_dim"],
+        act_dim=env["action_dim"],
+        hidden=tuple(algo.cfg.hidden),
+        action_low=tuple(float(x) for x in env["action_low"]),
         action_high=tuple(float(x) for x in env["action_high"]),
         # a resumed run continues with fresh streams: the interrupted workers' episodes are not replayed
-        seed=session.cfg.seed * 1_000_003 + session.state.rounds, chunk_steps=w.chunk_steps,
-        envs_per_worker=w.envs_per_worker, context_dim=algo.cfg.context_dim,
+        seed=session.cfg.seed * 1_000_003 + session.state.rounds,
+        chunk_steps=w.chunk_steps,
+        envs_per_worker=w.envs_per_worker,
+        context_dim=algo.cfg.context_dim,
     )
 
 
@@ -162,20 +175,34 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
 
 
 def _read_rates(
-    pool: WorkerPool, c: _Counters, utd: float, tuner: RateTuner | None,
+    pool: WorkerPool,
+    c: _Counters,
+    utd: float,
+    tuner: RateTuner | None,
 ) -> tuple[dict[str, float], float]:
     """The interval's reading as metrics; with a tuner, its decision applied to the pool and the UTD."""
     interval = time.perf_counter() - c.t0
     envs_per_worker = pool.spec.envs_per_worker
     reading = RateReading.from_counts(
-        interval_s=interval, env_steps=c.env_steps, inference_calls=c.inference_calls,
-        transitions=c.env_steps, updates=c.updates, update_time_s=c.update_time_s,
-        num_workers=pool.num_workers, utd=utd, envs_per_worker=envs_per_worker,
+        interval_s=interval,
+        env_steps=c.env_steps,
+        inference_calls=c.inference_calls,
+        transitions=c.env_steps,
+        updates=c.updates,
+        update_time_s=c.update_time_s,
+        num_workers=pool.num_workers,
+        utd=utd,
+        envs_per_worker=envs_per_worker,
     )
     metrics = {"pipeline/policy_lag": c.lag / max(c.chunks, 1), "pipeline/utd": utd}
     if tuner is None:
-        hold = RateDecision(num_workers=pool.num_workers, utd=utd, bottleneck="balanced", reason="not tuned",
-                            envs_per_worker=envs_per_worker)
+        hold = RateDecision(
+            num_workers=pool.num_workers,
+            utd=utd,
+            bottleneck="balanced",
+            reason="not tuned",
+            envs_per_worker=envs_per_worker,
+        )
         return metrics | RateTuner().metrics(reading, hold), utd
     decision = tuner.observe(reading)
     if decision.num_workers != pool.num_workers:
@@ -184,7 +211,10 @@ def _read_rates(
 
 
 def stress_run(
-    task: str, seconds: float = 3.0, num_workers: int = 2, backend: str = "process",
+    task: str,
+    seconds: float = 3.0,
+    num_workers: int = 2,
+    backend: str = "process",
 ) -> RateReading:
     """``seconds`` of the asynchronous data path on ``task`` with a fresh CQL-shaped learner and no
     dataset: workers collect, the learner does SAC updates from the online replay at UTD 1. Returns
@@ -192,8 +222,15 @@ def stress_run(
     spec_t = get_task(task)
     obs_dim, act_dim, low, high, _ = env_dims(spec_t)
     algo = CalQL(obs_dim, act_dim, CalQLConfig(conservative="none", batch_size=256))
-    spec = WorkerSpec(task=spec_t.key, obs_dim=obs_dim, act_dim=act_dim, hidden=tuple(algo.cfg.hidden),
-                      action_low=tuple(low.tolist()), action_high=tuple(high.tolist()), chunk_steps=50)
+    spec = WorkerSpec(
+        task=spec_t.key,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        hidden=tuple(algo.cfg.hidden),
+        action_low=tuple(low.tolist()),
+        action_high=tuple(high.tolist()),
+        chunk_steps=50,
+    )
     replay = ReplayBuffer(100_000, obs_dim, act_dim)
     counters, owed, reading = _Counters(), 0.0, None
     end = time.perf_counter() + seconds
@@ -219,8 +256,13 @@ def stress_run(
             counters.updates += n
             counters.update_time_s += time.perf_counter() - t
         reading = RateReading.from_counts(
-            interval_s=time.perf_counter() - counters.t0, env_steps=counters.env_steps,
-            inference_calls=counters.inference_calls, transitions=counters.env_steps,
-            updates=counters.updates, update_time_s=counters.update_time_s, num_workers=num_workers, utd=1.0,
+            interval_s=time.perf_counter() - counters.t0,
+            env_steps=counters.env_steps,
+            inference_calls=counters.inference_calls,
+            transitions=counters.env_steps,
+            updates=counters.updates,
+            update_time_s=counters.update_time_s,
+            num_workers=num_workers,
+            utd=1.0,
         )
     return reading

@@ -35,8 +35,14 @@ class OnlineState:
     costs: list[float] = field(default_factory=list)
 
     def tensor(self) -> torch.Tensor:
-        counts = [self.env_steps, self.episodes, self.rounds, self.updates, self.cumulative_cost,
-                  self.violations]
+        counts = [
+            self.env_steps,
+            self.episodes,
+            self.rounds,
+            self.updates,
+            self.cumulative_cost,
+            self.violations,
+        ]
         return torch.tensor(counts, dtype=torch.float64)
 
     def load(self, t: torch.Tensor) -> None:
@@ -71,9 +77,16 @@ class Round:
             done = valid & (term | trunc)
             live = np.flatnonzero(valid)
             if live.size:
-                numbers = self.writer.add({"obs": obs[live], "act": act[live], "rew": rew[live],
-                                           "cost": c[live], "next_obs": next_obs[live],
-                                           "done": term[live].astype(np.float32)})
+                numbers = self.writer.add(
+                    {
+                        "obs": obs[live],
+                        "act": act[live],
+                        "rew": rew[live],
+                        "cost": c[live],
+                        "next_obs": next_obs[live],
+                        "done": term[live].astype(np.float32),
+                    }
+                )
                 for j, i in enumerate(live):
                     self.writer.extend(i, numbers[j : j + 1], rew[i : i + 1], done[i : i + 1])
             ret += np.where(valid, rew, 0.0)
@@ -108,7 +121,12 @@ class Round:
 
 
 def after_round(
-    algo: CalQL, cfg: FinetuneConfig, state: OnlineState, rnd: Round, budget: float, out: Path,
+    algo: CalQL,
+    cfg: FinetuneConfig,
+    state: OnlineState,
+    rnd: Round,
+    budget: float,
+    out: Path,
 ) -> dict[str, float]:
     """Count the round's episodes, update the multiplier from their mean cost, return the round's metrics."""
     rets = np.array([e[0] for e in rnd.episodes])
@@ -119,10 +137,19 @@ def after_round(
             state.env_steps += length
             state.cumulative_cost += c
             state.violations += int(c > budget)
-            f.write(json.dumps({
-                "episode": state.episodes, "env_steps": state.env_steps, "return": r, "cost": c,
-                "cumulative_cost": state.cumulative_cost, "multiplier": algo.lagrangian.value,
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "episode": state.episodes,
+                        "env_steps": state.env_steps,
+                        "return": r,
+                        "cost": c,
+                        "cumulative_cost": state.cumulative_cost,
+                        "multiplier": algo.lagrangian.value,
+                    }
+                )
+                + "\n"
+            )
     state.rounds += 1
     state.updates += rnd.n_updates
     if cfg.constrained:
@@ -130,8 +157,12 @@ def after_round(
         algo.lagrangian.update(float(costs.mean()) / budget, 1.0 - cfg.cost_margin)
     m = {f"online/{k}": v for k, v in rnd.mean_metrics().items()}
     return m | {
-        "online/episode_return": float(rets.mean()), "online/episode_cost": float(costs.mean()),
-        "online/cumulative_cost": state.cumulative_cost, "online/violating_episodes": float(state.violations),
-        "online/episodes": float(state.episodes), "online/lagrange_multiplier": algo.lagrangian.value,
-        "online/updates": float(state.updates), "online/online_buffer": float(len(rnd.writer.online)),
+        "online/episode_return": float(rets.mean()),
+        "online/episode_cost": float(costs.mean()),
+        "online/cumulative_cost": state.cumulative_cost,
+        "online/violating_episodes": float(state.violations),
+        "online/episodes": float(state.episodes),
+        "online/lagrange_multiplier": algo.lagrangian.value,
+        "online/updates": float(state.updates),
+        "online/online_buffer": float(len(rnd.writer.online)),
     }

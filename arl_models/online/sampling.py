@@ -15,16 +15,24 @@ from arl_models.replay import ActionScaler, ReplayBuffer
 
 
 def sample_mixed(
-    offline: ReplayBuffer, online: ReplayBuffer | PrioritizedReplay, batch_size: int, offline_ratio: float,
-    offline_mc: torch.Tensor | None = None, online_mc: torch.Tensor | None = None,
+    offline: ReplayBuffer,
+    online: ReplayBuffer | PrioritizedReplay,
+    batch_size: int,
+    offline_ratio: float,
+    offline_mc: torch.Tensor | None = None,
+    online_mc: torch.Tensor | None = None,
 ) -> MCBatch:
     """Exactly ``round(ratio * B)`` offline rows followed by ``B - round(ratio * B)`` online rows."""
     return _draw_mixed(offline, online, batch_size, offline_ratio, offline_mc, online_mc)[0]
 
 
 def sample_mixed_prioritized(
-    offline: ReplayBuffer, online: PrioritizedReplay, batch_size: int, offline_ratio: float,
-    offline_mc: torch.Tensor | None = None, online_mc: torch.Tensor | None = None,
+    offline: ReplayBuffer,
+    online: PrioritizedReplay,
+    batch_size: int,
+    offline_ratio: float,
+    offline_mc: torch.Tensor | None = None,
+    online_mc: torch.Tensor | None = None,
 ) -> tuple[MCBatch, torch.Tensor, torch.Tensor]:
     """As :func:`sample_mixed` with the online rows drawn by priority: ``(batch, idx, weights)``, where
     ``idx`` are the slots of the batch's last ``len(idx)`` rows and ``weights`` ``(B,)`` is 1 on the
@@ -36,8 +44,12 @@ def sample_mixed_prioritized(
 
 
 def _draw_mixed(
-    offline: ReplayBuffer, online: ReplayBuffer | PrioritizedReplay, batch_size: int, offline_ratio: float,
-    offline_mc: torch.Tensor | None, online_mc: torch.Tensor | None,
+    offline: ReplayBuffer,
+    online: ReplayBuffer | PrioritizedReplay,
+    batch_size: int,
+    offline_ratio: float,
+    offline_mc: torch.Tensor | None,
+    online_mc: torch.Tensor | None,
 ) -> tuple[MCBatch, tuple[torch.Tensor, torch.Tensor] | None]:
     n_off = int(round(offline_ratio * batch_size))
     parts, mcs = [], []

@@ -77,8 +77,10 @@ class Checkpointer:
 
     def __call__(self, metrics: dict[str, Any] | None = None) -> None:
         online = self.writer.online
-        extra = online.state_dict() | {"online.mc": self.writer.mc[: online.size].clone(),
-                                       "online.counters": self.state.tensor()}
+        extra = online.state_dict() | {
+            "online.mc": self.writer.mc[: online.size].clone(),
+            "online.counters": self.state.tensor(),
+        }
         save_checkpoint(self.out, self.algo, self.record, metrics, extra_tensors=extra)
 
 
@@ -96,8 +98,9 @@ class Evaluator:
 
     def __call__(self) -> dict[str, float]:
         act = lambda o: self.scaler.unnormalize(self.algo.act(o))  # noqa: E731
-        return evaluate(act, self.spec, self.episodes, seed=EVAL_SEED, cost_budget=self.budget,
-                        ref_scores=self.refs).metrics()
+        return evaluate(
+            act, self.spec, self.episodes, seed=EVAL_SEED, cost_budget=self.budget, ref_scores=self.refs
+        ).metrics()
 
 
 @dataclass
@@ -134,9 +137,12 @@ class Session:
             ev = ""
             if "eval/return" in latest:
                 ev = f" eval {latest['eval/return']:.1f}/{latest['eval/cost']:.1f}"
-            print(f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
-                  f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
-                  f"lambda {self.algo.lagrangian.value:.3f}" + ev, flush=True)
+            print(
+                f"[finetune] steps {state.env_steps} return {latest['online/episode_return']:.1f} "
+                f"cost {latest['online/episode_cost']:.1f} cum {state.cumulative_cost:.0f} "
+                f"lambda {self.algo.lagrangian.value:.3f}" + ev,
+                flush=True,
+            )
 
     def end_round(self, rounds_here: int, stop_after_rounds: int | None) -> bool:
         """Checkpoint after a round when due (every ``save_every`` rounds); True, after a checkpoint, when
@@ -156,8 +162,12 @@ class Session:
         best = best_selection(self.out)
         if best is not None and ev["eval/return"] <= best["return"]:
             return
-        selected = {"step": self.state.env_steps, "return": ev["eval/return"], "cost": ev["eval/cost"],
-                    "episodes": self.cfg.eval_episodes}
+        selected = {
+            "step": self.state.env_steps,
+            "return": ev["eval/return"],
+            "cost": ev["eval/cost"],
+            "episodes": self.cfg.eval_episodes,
+        }
         save_policy(self.out / BEST, self.algo.actor, self.record | {"selected": selected})
 
     def finish(self, latest: dict[str, float], t0: float) -> dict[str, float]:
@@ -173,11 +183,14 @@ class Session:
         final |= {f"best/{k}": float(v) for k, v in (best_selection(self.out) or {}).items()}
         initial = self.record.get("initial_eval", {})
         final |= {f"online/initial_{k.split('/')[-1]}": v for k, v in initial.items()}
-        final |= {"online/env_steps_total": float(state.env_steps),
-                  "online/cumulative_cost": state.cumulative_cost,
-                  "online/violating_episodes": float(state.violations),
-                  "online/episodes": float(state.episodes), "online/updates": float(state.updates),
-                  "wall_time_s": time.perf_counter() - t0}
+        final |= {
+            "online/env_steps_total": float(state.env_steps),
+            "online/cumulative_cost": state.cumulative_cost,
+            "online/violating_episodes": float(state.violations),
+            "online/episodes": float(state.episodes),
+            "online/updates": float(state.updates),
+            "wall_time_s": time.perf_counter() - t0,
+        }
         self.save(final)
         return final
 
@@ -189,7 +202,12 @@ def best_selection(out: str | Path) -> dict[str, float] | None:
 
 
 def open_session(
-    origin: Origin, cfg: FinetuneConfig, out: Path, resuming: bool, sink: MetricSink | None, progress: bool,
+    origin: Origin,
+    cfg: FinetuneConfig,
+    out: Path,
+    resuming: bool,
+    sink: MetricSink | None,
+    progress: bool,
 ) -> Session:
     """The session of a run in ``out``: the offline data as a replay, an empty online replay, and the
     learner warm-started and evaluated, or, ``resuming``, all of them as the interrupted run left them.
@@ -198,7 +216,8 @@ def open_session(
     scaler = ActionScaler.of(env["action_low"], env["action_high"])
     offline, offline_mc = offline_buffer(origin.data, scaler, algo.cfg.gamma)
     online: ReplayBuffer | PrioritizedReplay = (
-        ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"]) if cfg.prioritized is None
+        ReplayBuffer(cfg.online_capacity, env["obs_dim"], env["action_dim"])
+        if cfg.prioritized is None
         else PrioritizedReplay(cfg.online_capacity, env["obs_dim"], env["action_dim"], cfg.prioritized)
     )
     writer = OnlineWriter(online, torch.zeros(cfg.online_capacity), algo.cfg.gamma)
@@ -215,8 +234,22 @@ def open_session(
     sinks = FanoutSink(JsonlSink(out / "metrics.jsonl"), sink)
     update = MixedUpdate(algo, offline, offline_mc, writer, preprocess, cfg.offline_ratio)
     save = Checkpointer(out, algo, writer, state, record)
-    session = Session(algo, cfg, origin.spec, origin.budget, scaler, writer, state, record, out, sinks,
-                      update, save, run_eval, progress)
+    session = Session(
+        algo,
+        cfg,
+        origin.spec,
+        origin.budget,
+        scaler,
+        writer,
+        state,
+        record,
+        out,
+        sinks,
+        update,
+        save,
+        run_eval,
+        progress,
+    )
     if not resuming:
         session.keep_best(record["initial_eval"])
     return session
@@ -240,10 +273,16 @@ def _begin(origin: Origin, cfg: FinetuneConfig, out: Path, run_eval: Evaluator) 
     carried = warm_start(algo, origin.from_dir, origin.budget)
     initial = run_eval() if cfg.eval_episodes > 0 else {}
     record = {
-        "algo": algo.name, "config": asdict(algo.cfg), "env": origin.env,
+        "algo": algo.name,
+        "config": asdict(algo.cfg),
+        "env": origin.env,
         "dataset": origin.dataset,
-        "format_version": 1, "stage": "finetune", "from": str(origin.from_dir), "finetune": asdict(cfg),
-        "carried_multiplier": carried, "initial_eval": initial,
+        "format_version": 1,
+        "stage": "finetune",
+        "from": str(origin.from_dir),
+        "finetune": asdict(cfg),
+        "carried_multiplier": carried,
+        "initial_eval": initial,
     } | {k: origin.record[k] for k in ("continual",) if k in origin.record}
     for name in ("metrics.jsonl", "episodes.jsonl"):
         (out / name).unlink(missing_ok=True)

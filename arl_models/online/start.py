@@ -31,10 +31,15 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
     if cfg.constrained and not base.learn_cost:
         raise ValueError("constrained fine-tuning needs a checkpoint with a cost critic (learn_cost)")
     algo_cfg = replace(
-        base, seed=cfg.seed, conservative=cfg.conservative, cost_q_limit=None, pid=cfg.pid,
+        base,
+        seed=cfg.seed,
+        conservative=cfg.conservative,
+        cost_q_limit=None,
+        pid=cfg.pid,
         actor_warmup_steps=0,
         backup_entropy=True,  # online it is SAC: the soft (entropy-regularised) TD target
-        external_multiplier=cfg.constrained, batch_size=cfg.batch_size or base.batch_size,
+        external_multiplier=cfg.constrained,
+        batch_size=cfg.batch_size or base.batch_size,
         conservative_weight=(
             base.conservative_weight if cfg.conservative_weight is None else cfg.conservative_weight
         ),
@@ -98,12 +103,20 @@ class Origin:
 
     def identity(self, cfg: FinetuneConfig) -> dict[str, Any]:
         """What a checkpoint folder must have been written with for this run to resume it."""
-        return {"algo": self.algo.name, "config": asdict(self.algo.cfg), "env": self.env,
-                "dataset": self.dataset, "finetune": asdict(cfg)}
+        return {
+            "algo": self.algo.name,
+            "config": asdict(self.algo.cfg),
+            "env": self.env,
+            "dataset": self.dataset,
+            "finetune": asdict(cfg),
+        }
 
 
 def resolve_origin(
-    from_dir: str | Path, task: str | None, data: str | Path | None, cfg: FinetuneConfig,
+    from_dir: str | Path,
+    task: str | None,
+    data: str | Path | None,
+    cfg: FinetuneConfig,
     regularizer: Regularizer | None,
 ) -> Origin:
     """The start of a run from ``from_dir``: the task given (else the checkpoint's), its budget (the
@@ -118,6 +131,9 @@ def resolve_origin(
     data = data or rec_from["dataset"]["path"]
     algo = build_algo(rec_from, cfg, regularizer)
     env = env_record(rec_from, spec, budget, data)
-    dataset = {"path": str(data), **{k: v for k, v in rec_from.get("dataset", {}).items() if k != "path"},
-               "digest": content_digest(data)}
+    dataset = {
+        "path": str(data),
+        **{k: v for k, v in rec_from.get("dataset", {}).items() if k != "path"},
+        "digest": content_digest(data),
+    }
     return Origin(from_dir, rec_from, spec, budget, data, algo, env, dataset)

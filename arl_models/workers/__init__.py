@@ -3,4 +3,13 @@
 from arl_models.workers.collector import Chunk, Collector, WorkerSpec, actor_size, flatten
 from arl_models.workers.pool import ProcessPool, WorkerPool, make_pool
 
-__all__ = ["Chunk", "Collector", "ProcessPool", "WorkerPool", "WorkerSpec", "actor_size", "flatten", "make_pool"]
+__all__ = [
+    "Chunk",
+    "Collector",
+    "ProcessPool",
+    "WorkerPool",
+    "WorkerSpec",
+    "actor_size",
+    "flatten",
+    "make_pool",
+]

@@ -51,7 +51,12 @@ class WorkerSpec:
 
 def actor_size(spec: WorkerSpec) -> int:
     """Number of float32 values in the actor's flat weights."""
-    return sum(p.numel() for p in TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden, spec.context_dim).state_dict().values())
+    return sum(
+        p.numel()
+        for p in TanhGaussianActor(spec.obs_dim, spec.act_dim, spec.hidden, spec.context_dim)
+        .state_dict()
+        .values()
+    )
 
 
 def flatten(state: dict[str, torch.Tensor]) -> np.ndarray:
@@ -124,7 +129,9 @@ class Collector:
         state = self.actor.state_dict()
         offset = 0
         for k, t in state.items():
-            state[k] = torch.from_numpy(np.array(flat[offset : offset + t.numel()], np.float32)).reshape(t.shape)
+            state[k] = torch.from_numpy(np.array(flat[offset : offset + t.numel()], np.float32)).reshape(
+                t.shape
+            )
             offset += t.numel()
         self.actor.load_state_dict(state)
         self.version, self.hash = version, policy_hash(state)
@@ -166,14 +173,28 @@ class Collector:
         flat = [r for per_env in rows for r in per_env]
         cols = list(zip(*flat, strict=True))
         chunk = Chunk(
-            worker=self.worker, incarnation=self.incarnation, seq=self.seq, policy_version=self.version,
-            obs=np.stack(cols[0]), act=np.stack(cols[1]).astype(np.float32),
-            rew=np.asarray(cols[2], np.float32), cost=np.asarray(cols[3], np.float32),
-            next_obs=np.stack(cols[4]), term=np.asarray(cols[5], np.float32), episode_end=np.asarray(cols[6], bool),
-            episodes=episodes, env_steps=len(flat), inference_calls=s.chunk_steps,
-            meta={"env_version": self.env_version, "policy_hash": self.hash, "random_seed": self.seed,
-                  "timestamp": utc_now_iso()},
-            step_time_s=t_env, inference_time_s=t_inf,
+            worker=self.worker,
+            incarnation=self.incarnation,
+            seq=self.seq,
+            policy_version=self.version,
+            obs=np.stack(cols[0]),
+            act=np.stack(cols[1]).astype(np.float32),
+            rew=np.asarray(cols[2], np.float32),
+            cost=np.asarray(cols[3], np.float32),
+            next_obs=np.stack(cols[4]),
+            term=np.asarray(cols[5], np.float32),
+            episode_end=np.asarray(cols[6], bool),
+            episodes=episodes,
+            env_steps=len(flat),
+            inference_calls=s.chunk_steps,
+            meta={
+                "env_version": self.env_version,
+                "policy_hash": self.hash,
+                "random_seed": self.seed,
+                "timestamp": utc_now_iso(),
+            },
+            step_time_s=t_env,
+            inference_time_s=t_inf,
             env_index=np.repeat(np.arange(n), s.chunk_steps),
         )
         self.seq += 1

@@ -127,8 +127,17 @@ class WorkerPool(ABC):
         self.close()
 
 
-def _process_main(spec: WorkerSpec, worker: int, incarnation: int, buf: Any, version: Any, lock: Any,
-                  conn: Connection, stop: Any, credits: Any) -> None:
+def _process_main(
+    spec: WorkerSpec,
+    worker: int,
+    incarnation: int,
+    buf: Any,
+    version: Any,
+    lock: Any,
+    conn: Connection,
+    stop: Any,
+    credits: Any,
+) -> None:
     """A worker process: newest weights at every chunk boundary, chunks out on ``conn``, at most
     ``CREDITS`` of them not yet taken in by the learner (it releases one credit per chunk it reads)."""
     collector = Collector(spec, worker, incarnation)
@@ -169,7 +178,9 @@ class ProcessPool(WorkerPool):
         recv, send = self._ctx.Pipe(duplex=False)
         stop, credits = self._ctx.Event(), self._ctx.Semaphore(CREDITS)
         p = self._ctx.Process(
-            target=_process_main, name=f"arl-worker-{worker}.{incarnation}", daemon=True,
+            target=_process_main,
+            name=f"arl-worker-{worker}.{incarnation}",
+            daemon=True,
             args=(self.spec, worker, incarnation, self._buf, self._version, self._lock, send, stop, credits),
         )
         p.start()
@@ -219,7 +230,9 @@ class ProcessPool(WorkerPool):
         self._procs[worker][0].join(timeout=5.0)
 
 
-def make_pool(spec: WorkerSpec, num_workers: int, backend: str = "process", address: str | None = None) -> WorkerPool:
+def make_pool(
+    spec: WorkerSpec, num_workers: int, backend: str = "process", address: str | None = None
+) -> WorkerPool:
     """A pool of the named backend: ``process``, or ``ray`` (local when ``address`` is None)."""
     if backend == "process":
         if address:

@@ -46,7 +46,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Start local Ray (``address`` None) or connect to a cluster, once per process."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU workers: leave device variables alone
+    os.environ.setdefault(
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0"
+    )  # CPU workers: leave device variables alone
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     if address is None:
         kw["num_cpus"] = max(os.cpu_count() or 1, num_cpus or 1)
@@ -56,7 +58,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 class RayPool(WorkerPool):
     """Workers as Ray actors, local or on a cluster."""
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, address: str | None = None, max_workers: int | None = None):
+    def __init__(
+        self, spec: WorkerSpec, num_workers: int, address: str | None = None, max_workers: int | None = None
+    ):
         super().__init__(spec, num_workers)
         ensure_ray(address, max(num_workers, max_workers or 0) + 1)
         self._remote = ray.remote(num_cpus=1)(_Actor)

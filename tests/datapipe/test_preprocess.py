@@ -12,8 +12,14 @@ from arl_models.replay import Batch
 def _batch(n: int, obs_dim: int = 3, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     obs = torch.randn(n, obs_dim, generator=g) * torch.tensor([1.0, 5.0, 0.0])[:obs_dim] + 2.0
-    return Batch(obs=obs, act=torch.rand(n, 1, generator=g), rew=torch.rand(n, generator=g),
-                 cost=torch.rand(n, generator=g), next_obs=obs + 0.1, done=torch.zeros(n))
+    return Batch(
+        obs=obs,
+        act=torch.rand(n, 1, generator=g),
+        rew=torch.rand(n, generator=g),
+        cost=torch.rand(n, generator=g),
+        next_obs=obs + 0.1,
+        done=torch.zeros(n),
+    )
 
 
 def test_amplitude_scales_each_row_and_its_next_obs_by_one_factor_in_range():

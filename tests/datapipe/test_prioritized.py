@@ -36,11 +36,19 @@ def rows(n: int, start: int = 0) -> dict[str, np.ndarray]:
     """``n`` transitions whose ``rew`` is their global insertion number (to recognise them)."""
     r = np.arange(start, start + n, dtype=np.float32)
     z = np.zeros(n, np.float32)
-    return dict(obs=np.tile(r[:, None], (1, OBS)), act=np.zeros((n, ACT), np.float32), rew=r, cost=z,
-                next_obs=np.zeros((n, OBS), np.float32), done=z)
+    return dict(
+        obs=np.tile(r[:, None], (1, OBS)),
+        act=np.zeros((n, ACT), np.float32),
+        rew=r,
+        cost=z,
+        next_obs=np.zeros((n, OBS), np.float32),
+        done=z,
+    )
 
 
-def filled(n: int, cfg: PERConfig, capacity: int = 100_000, td: np.ndarray | None = None) -> PrioritizedReplay:
+def filled(
+    n: int, cfg: PERConfig, capacity: int = 100_000, td: np.ndarray | None = None
+) -> PrioritizedReplay:
     per = PrioritizedReplay(capacity, OBS, ACT, cfg)
     per.add(**rows(n))
     if td is not None:
@@ -215,7 +223,9 @@ def test_duplicate_indices_in_one_update():
     per = filled(10, PERConfig(alpha=1.0, eps=1e-9))
     per.update_priorities(torch.tensor([3, 3, 5, 3]), torch.tensor([1.0, 4.0, -2.0, 0.5]))
     leaves = per.tree.leaves[:10]
-    assert leaves[3] == pytest.approx(4.0) and leaves[5] == pytest.approx(2.0)  # largest |TD| wins; sign ignored
+    assert leaves[3] == pytest.approx(4.0) and leaves[5] == pytest.approx(
+        2.0
+    )  # largest |TD| wins; sign ignored
     assert leaves[0] == 1.0  # untouched items keep the initial max priority
     assert per.tree.total() == pytest.approx(leaves.sum(), rel=1e-12)
     assert per.max_priority == pytest.approx(4.0)
@@ -323,18 +333,29 @@ def test_state_dict_round_trip_through_safetensors(tmp_path):
 # ---- the algorithms ---------------------------------------------------------------------------------
 def _batch(n: int = 32) -> MCBatch:
     g = torch.Generator().manual_seed(0)
-    return MCBatch(torch.randn(n, OBS, generator=g), torch.rand(n, ACT, generator=g) * 2 - 1, torch.randn(n, generator=g),
-                   torch.zeros(n), torch.randn(n, OBS, generator=g), torch.zeros(n), mc_return=torch.zeros(n))
+    return MCBatch(
+        torch.randn(n, OBS, generator=g),
+        torch.rand(n, ACT, generator=g) * 2 - 1,
+        torch.randn(n, generator=g),
+        torch.zeros(n),
+        torch.randn(n, OBS, generator=g),
+        torch.zeros(n),
+        mc_return=torch.zeros(n),
+    )
 
 
 SMALL = dict(hidden=(16, 16), batch_size=32)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: SAC(OBS, ACT, SACConfig(**SMALL)),
-    lambda: CQL(OBS, ACT, CQLConfig(**SMALL, n_action_samples=2)),
-    lambda: CalQL(OBS, ACT, CalQLConfig(**SMALL, n_action_samples=2, conservative="none")),
-], ids=["sac", "cql", "calql-none"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SAC(OBS, ACT, SACConfig(**SMALL)),
+        lambda: CQL(OBS, ACT, CQLConfig(**SMALL, n_action_samples=2)),
+        lambda: CalQL(OBS, ACT, CalQLConfig(**SMALL, n_action_samples=2, conservative="none")),
+    ],
+    ids=["sac", "cql", "calql-none"],
+)
 def test_weighted_td_loss_and_per_sample_errors(make):
     algo, b = make(), _batch()
     with torch.no_grad():
@@ -382,8 +403,15 @@ def tiny_cql(tmp_path_factory, pendulum_data):
     return out
 
 
-PER_FT = FinetuneConfig(steps=1200, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32,
-                        prioritized=PERConfig(freshness=half_life_freshness(200.0)))
+PER_FT = FinetuneConfig(
+    steps=1200,
+    num_envs=2,
+    vector="sync",
+    utd=0.05,
+    eval_episodes=0,
+    batch_size=32,
+    prioritized=PERConfig(freshness=half_life_freshness(200.0)),
+)
 
 
 def _same_train_state(a, b):
@@ -420,7 +448,9 @@ def test_offline_cql_with_prioritized_replay_resumes_exactly(pendulum_data, tmp_
     assert len(set(state["replay.per.leaves"].tolist())) > 30
     plain = tmp_path / "plain"
     train_cql(pendulum_data, plain, steps=30, **(kw | {"prioritized": None}))
-    assert not any(k.startswith("replay.per") for k in load_file(str(plain / "train_state" / "state.safetensors")))
+    assert not any(
+        k.startswith("replay.per") for k in load_file(str(plain / "train_state" / "state.safetensors"))
+    )
 
 
 def test_per_config_validates():

@@ -10,29 +10,52 @@ import pytest
 from arl_models.rate_tuner import BOTTLENECKS, RateDecision, RateReading, RateTargets, RateTuner
 
 
-def plant(workers: int, utd: float, *, per_worker: float = 100.0, learner: float = 600.0,
-          envs_per_worker: int = 1, noise: float = 0.0, rng: np.random.Generator | None = None) -> RateReading:
+def plant(
+    workers: int,
+    utd: float,
+    *,
+    per_worker: float = 100.0,
+    learner: float = 600.0,
+    envs_per_worker: int = 1,
+    noise: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> RateReading:
     """A throttled learner: it does ``utd`` updates per fresh transition, at most ``learner`` updates/s."""
     jitter = 1.0 + (noise * rng.standard_normal() if rng is not None else 0.0)
     produced = workers * per_worker * jitter
     updates = min(learner, utd * produced)
     return RateReading(
-        interval_s=1.0, env_steps_per_s=produced, inference_calls_per_s=produced / envs_per_worker,
-        produced_per_s=produced, consumed_per_s=updates / utd, learner_utilization=updates / learner,
-        num_workers=workers, utd=utd, envs_per_worker=envs_per_worker,
+        interval_s=1.0,
+        env_steps_per_s=produced,
+        inference_calls_per_s=produced / envs_per_worker,
+        produced_per_s=produced,
+        consumed_per_s=updates / utd,
+        learner_utilization=updates / learner,
+        num_workers=workers,
+        utd=utd,
+        envs_per_worker=envs_per_worker,
     )
 
 
-def reading(ratio: float = 1.5, util: float = 1.0, workers: int = 4, utd: float = 1.0, steps_per_call: float = 2.0) -> RateReading:
+def reading(
+    ratio: float = 1.5, util: float = 1.0, workers: int = 4, utd: float = 1.0, steps_per_call: float = 2.0
+) -> RateReading:
     consumed = 400.0
     return RateReading(
-        interval_s=1.0, env_steps_per_s=ratio * consumed, inference_calls_per_s=ratio * consumed / steps_per_call,
-        produced_per_s=ratio * consumed, consumed_per_s=consumed, learner_utilization=util,
-        num_workers=workers, utd=utd,
+        interval_s=1.0,
+        env_steps_per_s=ratio * consumed,
+        inference_calls_per_s=ratio * consumed / steps_per_call,
+        produced_per_s=ratio * consumed,
+        consumed_per_s=consumed,
+        learner_utilization=util,
+        num_workers=workers,
+        utd=utd,
     )
 
 
-def run_loop(tuner: RateTuner, workers: int, utd: float, n: int, **plant_kw) -> list[tuple[RateReading, RateDecision]]:
+def run_loop(
+    tuner: RateTuner, workers: int, utd: float, n: int, **plant_kw
+) -> list[tuple[RateReading, RateDecision]]:
     out = []
     for _ in range(n):
         r = plant(workers, utd, **plant_kw)
@@ -44,7 +67,9 @@ def run_loop(tuner: RateTuner, workers: int, utd: float, n: int, **plant_kw) -> 
 
 def test_starved_learner_adds_workers_up_to_max_then_stops():
     t = RateTargets(max_workers=5, max_utd=2.0)
-    hist = run_loop(RateTuner(t), workers=1, utd=1.0, n=60, learner=1e9, envs_per_worker=2)  # the learner always waits
+    hist = run_loop(
+        RateTuner(t), workers=1, utd=1.0, n=60, learner=1e9, envs_per_worker=2
+    )  # the learner always waits
     workers = [d.num_workers for _, d in hist]
     assert workers == sorted(workers) and max(workers) == 5  # only ever adds, up to the limit
     first_max = workers.index(5)
@@ -54,7 +79,9 @@ def test_starved_learner_adds_workers_up_to_max_then_stops():
     assert not any(d.changed for _, d in hist[-10:])  # then it stops
     assert all(d.bottleneck == "env" for _, d in hist)
     changed = [d.changed for _, d in hist]
-    assert not any(a and b for a, b in zip(changed, changed[1:], strict=False))  # the first reading of a setting settles
+    assert not any(
+        a and b for a, b in zip(changed, changed[1:], strict=False)
+    )  # the first reading of a setting settles
     assert "workers and utd at their maxima" in hist[-1][1].reason
 
 
@@ -96,7 +123,9 @@ def test_noisy_readings_around_target_do_not_oscillate():
 
 def test_closed_loop_noisy_plant_settles_without_flapping():
     rng = np.random.default_rng(1)
-    hist = run_loop(RateTuner(), workers=1, utd=1.0, n=120, per_worker=100.0, learner=1000.0, noise=0.05, rng=rng)
+    hist = run_loop(
+        RateTuner(), workers=1, utd=1.0, n=120, per_worker=100.0, learner=1000.0, noise=0.05, rng=rng
+    )
     late = hist[60:]
     assert len({(d.num_workers, d.utd) for _, d in late}) <= 2  # at most one correction late on
 
@@ -140,7 +169,11 @@ def test_warm_up_holds():
 @pytest.mark.parametrize(
     ("workers", "utd", "kw"),
     [
-        (1, 1.0, dict(per_worker=100.0, learner=1000.0)),  # starts data-starved: adds workers, then raises utd
+        (
+            1,
+            1.0,
+            dict(per_worker=100.0, learner=1000.0),
+        ),  # starts data-starved: adds workers, then raises utd
         (8, 2.0, dict(per_worker=100.0, learner=200.0)),  # starts learner-bound: lowers utd
         (1, 0.25, dict(per_worker=50.0, learner=300.0)),  # few workers' worth: settles below max workers
     ],
@@ -156,14 +189,31 @@ def test_closed_loop_converges_to_the_target_ratio(workers, utd, kw):
 
 
 def test_from_counts_defines_consumed_as_updates_over_utd():
-    r = RateReading.from_counts(interval_s=2.0, env_steps=1000, inference_calls=250, transitions=1000,
-                                updates=1500, update_time_s=1.5, num_workers=2, utd=0.5, envs_per_worker=4)
+    r = RateReading.from_counts(
+        interval_s=2.0,
+        env_steps=1000,
+        inference_calls=250,
+        transitions=1000,
+        updates=1500,
+        update_time_s=1.5,
+        num_workers=2,
+        utd=0.5,
+        envs_per_worker=4,
+    )
     assert r.produced_per_s == 500.0 and r.consumed_per_s == 1500.0  # 750 updates/s / 0.5
     assert r.learner_utilization == 0.75 and r.step_inference == 4.0
     assert math.isclose(r.produce_consume, 1 / 3)
     with pytest.raises(ValueError):
-        RateReading.from_counts(interval_s=0.0, env_steps=0, inference_calls=0, transitions=0, updates=0,
-                                update_time_s=0.0, num_workers=1, utd=1.0)
+        RateReading.from_counts(
+            interval_s=0.0,
+            env_steps=0,
+            inference_calls=0,
+            transitions=0,
+            updates=0,
+            update_time_s=0.0,
+            num_workers=1,
+            utd=1.0,
+        )
 
 
 def test_metrics_are_pipeline_keys_and_finite():
@@ -171,8 +221,18 @@ def test_metrics_are_pipeline_keys_and_finite():
     r = reading(ratio=1.0, util=0.3, steps_per_call=1.0)
     m = tuner.metrics(r, tuner.observe(r))
     assert all(k.startswith("pipeline/") for k in m)
-    for k in ("env_steps_per_s", "inference_calls_per_s", "produced_per_s", "consumed_per_s", "produce_consume_ratio",
-              "step_inference_ratio", "learner_utilization", "num_workers", "utd", "bottleneck"):
+    for k in (
+        "env_steps_per_s",
+        "inference_calls_per_s",
+        "produced_per_s",
+        "consumed_per_s",
+        "produce_consume_ratio",
+        "step_inference_ratio",
+        "learner_utilization",
+        "num_workers",
+        "utd",
+        "bottleneck",
+    ):
         assert math.isfinite(m[f"pipeline/{k}"]), k
     assert m["pipeline/bottleneck"] == BOTTLENECKS.index("inference")
 

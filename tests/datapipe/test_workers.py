@@ -20,8 +20,16 @@ HIDDEN = (32, 32)
 def spec() -> WorkerSpec:
     task = get_task("safe-pendulum")
     obs_dim, act_dim, low, high, _ = env_dims(task)
-    return WorkerSpec(task=task.key, obs_dim=obs_dim, act_dim=act_dim, hidden=HIDDEN, seed=3, chunk_steps=40,
-                      action_low=tuple(low.tolist()), action_high=tuple(high.tolist()))
+    return WorkerSpec(
+        task=task.key,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        hidden=HIDDEN,
+        seed=3,
+        chunk_steps=40,
+        action_low=tuple(low.tolist()),
+        action_high=tuple(high.tolist()),
+    )
 
 
 def actor(spec: WorkerSpec, seed: int) -> TanhGaussianActor:
@@ -41,7 +49,12 @@ def collect(pool: WorkerPool, until, timeout_s: float = 120.0) -> list:
 def first_chunks(pool: WorkerPool, flat: np.ndarray, per_worker: int) -> dict:
     with pool:
         pool.broadcast(flat, 0)
-        got = collect(pool, lambda g: all(sum(c.worker == w and c.incarnation == 0 for c in g) >= per_worker for w in range(2)))
+        got = collect(
+            pool,
+            lambda g: all(
+                sum(c.worker == w and c.incarnation == 0 for c in g) >= per_worker for w in range(2)
+            ),
+        )
     return {c.key: c for c in got if c.seq < per_worker}
 
 
@@ -56,7 +69,9 @@ def test_a_chunk_carries_its_episodes_metadata_and_policy(spec):
     assert sum(ch.episodes[0][2] for ch in chunks if ch.episodes) == 200
     ch = chunks[0]
     assert ch.policy_version == 7 and ch.meta["policy_hash"] == policy_hash(a.state_dict())
-    assert ch.meta["env_version"] == get_task(spec.task).env_version and ch.meta["random_seed"] == spec.stream_seed(0, 0)
+    assert ch.meta["env_version"] == get_task(spec.task).env_version and ch.meta[
+        "random_seed"
+    ] == spec.stream_seed(0, 0)
     assert np.all(np.abs(ch.act) <= 1.0) and ch.obs.shape == (spec.chunk_steps, spec.obs_dim)
     np.testing.assert_array_equal(ch.obs[1:], ch.next_obs[:-1])  # one environment's rows are contiguous
 
@@ -84,7 +99,7 @@ def test_a_dead_worker_is_replaced_and_no_chunk_is_counted_twice(spec, backend):
         assert pool.replaced >= 1 and pool.incarnations[0] >= 1 and pool.num_workers == 2
     keys = [c.key for c in got]
     assert len(keys) == len(set(keys))
-    for (w, inc) in {(c.worker, c.incarnation) for c in got}:  # each stream is gap-free from seq 0
+    for w, inc in {(c.worker, c.incarnation) for c in got}:  # each stream is gap-free from seq 0
         seqs = sorted(c.seq for c in got if (c.worker, c.incarnation) == (w, inc))
         assert seqs == list(range(len(seqs)))
     new = next(c for c in got if c.worker == 0 and c.incarnation == 1)

@@ -61,7 +61,9 @@ def pendulum_info() -> DatasetInfo:
     )
 
 
-def write_pendulum(path: Path, seed: int = 0, broken_policy_hash: bool = False, reward_scale: float = 1.0) -> Path:
+def write_pendulum(
+    path: Path, seed: int = 0, broken_policy_hash: bool = False, reward_scale: float = 1.0
+) -> Path:
     t = pendulum_transitions(seed=seed)
     t.reward = (t.reward * reward_scale).astype(np.float32)
     if broken_policy_hash:

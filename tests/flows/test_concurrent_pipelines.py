@@ -55,15 +55,19 @@ def test_two_pipelines_at_once_on_one_home(prefect_server: str, tmp_path: Path) 
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     args = [sys.executable, "-c", RUN, str(src), json.dumps(TINY), json.dumps(GATE), str(barrier)]
-    procs = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     decisions = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert {d["alias"] for d in decisions} <= {"champion", "challenger"}
     assert any(d["alias"] == "champion" for d in decisions)
-    log = subprocess.run(["git", "-C", str(home / "data"), "log", "--format=%s"], capture_output=True, text=True)
+    log = subprocess.run(
+        ["git", "-C", str(home / "data"), "log", "--format=%s"], capture_output=True, text=True
+    )
     assert log.stdout.splitlines()[-1] == "Initialise DVC" and log.stdout.count("Initialise DVC") == 1
     logs = list((home / "runs").rglob("metrics.jsonl")) + list((home / "runs").rglob("episodes.jsonl"))
     assert logs

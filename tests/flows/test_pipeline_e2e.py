@@ -118,11 +118,18 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
     mlflow.set_tracking_uri(_uri())
     version = result["versions"][-1]
     assert version["stage"] == "finetune"
-    for other in result["versions"][:-1]:  # the stages' policies registered beside the candidate are not gated
+    for other in result["versions"][
+        :-1
+    ]:  # the stages' policies registered beside the candidate are not gated
         tags = tracking.client(_uri()).get_model_version(MODEL, other["version"]).tags
-        assert tags["arl.promotion"] == "not gated" and f"version {version['version']}" in tags["arl.promotion.reason"]
-    served = {v["stage"]: tracking.client(_uri()).get_model_version(MODEL, v["version"]).tags["arl.served_policy"]
-              for v in result["versions"]}
+        assert (
+            tags["arl.promotion"] == "not gated"
+            and f"version {version['version']}" in tags["arl.promotion.reason"]
+        )
+    served = {
+        v["stage"]: tracking.client(_uri()).get_model_version(MODEL, v["version"]).tags["arl.served_policy"]
+        for v in result["versions"]
+    }
     assert served == {"bc": "last", "offline": "last", "finetune": "best"}
     obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     served = mlflow.pyfunc.load_model(f"models:/{MODEL}/{version['version']}").predict(obs)
@@ -187,7 +194,11 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
     import arl_models.offline as offline
 
     calls = {"bc": 0, "offline": 0, "evaluate": 0}
-    real = {"bc": offline.train_bc, "offline": offline.train_offline_algo, "evaluate": offline.evaluate_checkpoint}
+    real = {
+        "bc": offline.train_bc,
+        "offline": offline.train_offline_algo,
+        "evaluate": offline.evaluate_checkpoint,
+    }
 
     def counting(name):
         def fn(*args, **kwargs):
@@ -256,7 +267,9 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     continual_config = json.loads((offline_part / "config.json").read_text())["continual_config"]
     assert continual_config["online_steps"] == TINY["finetune_steps"]
     assert continual_config["rehearsal"] == 0.5
-    assert continual_config["ewc"]["weight"] == EWCConfig.weight  # the form's empty weight: the library's default
+    assert (
+        continual_config["ewc"]["weight"] == EWCConfig.weight
+    )  # the form's empty weight: the library's default
     forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
     assert math.isfinite(forgetting)
     run = _children(result["run_id"])["ewc"]
@@ -267,7 +280,9 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     # wide, the better new-version score of EWC's and fine-tuning's); EWC's chain names every version it learned
     gated = c.get_model_version(MODEL, result["decision"]["version"])
     chosen = gated.tags["arl.stage"]
-    assert chosen in ("ewc", "finetune") and result["decision"]["reason"].startswith(f"candidate {chosen}: the best")
+    assert chosen in ("ewc", "finetune") and result["decision"]["reason"].startswith(
+        f"candidate {chosen}: the best"
+    )
     gated_forgetting = float(gated.tags["arl.gate.forgetting"])
     assert gated_forgetting == forgetting if chosen == "ewc" else math.isfinite(gated_forgetting)
     mv = c.get_model_version(MODEL, next(v["version"] for v in result["versions"] if v["stage"] == "ewc"))
@@ -275,7 +290,9 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
 
     # the parent run says at a glance what each stage scored, what the gated policy forgot, per version
     parent = c.get_run(result["run_id"])
-    assert {"bc/score", "offline/score", "finetune/cost", "ewc/score", "score", "forgetting"} <= set(parent.data.metrics)
+    assert {"bc/score", "offline/score", "finetune/cost", "ewc/score", "score", "forgetting"} <= set(
+        parent.data.metrics
+    )
     assert parent.data.metrics["forgetting"] == gated_forgetting
     assert any(k.startswith("ewc/forgetting/safe-pendulum-") for k in parent.data.metrics)
     assert "plots/forgetting.png" in {a.path for a in c.list_artifacts(result["run_id"], "plots")}
@@ -306,7 +323,9 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     assert ("ewc" in again["stages"]) is not result["decision"]["promoted"]
 
 
-def test_a_retraining_run_hands_the_gate_the_candidate_its_rule_names(demo_version: dict, tmp_path: Path) -> None:
+def test_a_retraining_run_hands_the_gate_the_candidate_its_rule_names(
+    demo_version: dict, tmp_path: Path
+) -> None:
     """With no forgetting allowed, EWC's policy gives way unless it forgets nothing; whichever the rule
     names is the version gated, with the forgetting measured for it."""
     from flow_data import write_pendulum

@@ -77,12 +77,16 @@ def test_penalty_is_zero_at_the_anchor_and_grows_quadratically():
                 p.copy_(pen.anchor[f"actor.{k}"] + eps * direction[k])
         values.append(pen.penalty("actor", algo.actor).item())
     assert values[0] > 0
-    assert values[1] / values[0] == pytest.approx(4.0, rel=1e-3) and values[2] / values[1] == pytest.approx(4.0, rel=1e-3)
+    assert values[1] / values[0] == pytest.approx(4.0, rel=1e-3) and values[2] / values[1] == pytest.approx(
+        4.0, rel=1e-3
+    )
 
 
 def test_online_ewc_decays_the_accumulated_fisher():
     a = {"actor.w": torch.ones(3)}
-    pen = EWCPenalty({"actor.w": torch.full((3,), 2.0)}, a, 1.0).consolidate({"actor.w": torch.ones(3)}, a, decay=0.5)
+    pen = EWCPenalty({"actor.w": torch.full((3,), 2.0)}, a, 1.0).consolidate(
+        {"actor.w": torch.ones(3)}, a, decay=0.5
+    )
     torch.testing.assert_close(pen.fisher["actor.w"], torch.full((3,), 2.0))
     again = EWCPenalty.from_tensors(pen.tensors(), 1.0)
     torch.testing.assert_close(again.fisher["actor.w"], pen.fisher["actor.w"])
@@ -110,7 +114,9 @@ def test_fisher_leaves_the_modulation_rows_of_unvaried_plant_entries_free():
     obs[:, -2] = 0.0  # the first context entry at nominal, the second varied
     fisher = compute_fisher(algo, obs, act, EWCConfig())
     film = {k: v for k, v in fisher.items() if "film" in k.split(".")}
-    assert set(film) == {f"{n}.film.{i}" for n in ("actor.trunk", "critic", "cost_critic") for i in (0, 1)} | {"actor.film"}
+    assert set(film) == {
+        f"{n}.film.{i}" for n in ("actor.trunk", "critic", "cost_critic") for i in (0, 1)
+    } | {"actor.film"}
     for k, f in film.items():
         rows = f[..., 0, :], f[..., 1, :]  # (k, 2D) for the actor, (E, k, 2D) for the critics
         assert torch.count_nonzero(rows[0]) == 0 and torch.count_nonzero(rows[1]) > 0, k
@@ -127,13 +133,21 @@ def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
 
 def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pendulum_data, tmp_path):
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
-    cfg = ContinualConfig(steps=10, ewc=EWCConfig(samples=32), rehearsal=0.5, eval_episodes=1, log_every=5, eval_every=5)
-    report = train_continual(tiny_cql, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
+    cfg = ContinualConfig(
+        steps=10, ewc=EWCConfig(samples=32), rehearsal=0.5, eval_episodes=1, log_every=5, eval_every=5
+    )
+    report = train_continual(
+        tiny_cql, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False
+    )
     assert report["config"]["rehearsal"] == 0.5
     for branch in (tmp_path / "cl", tmp_path / "cl" / "naive"):  # both learning curves, on every version
         rows = [json.loads(line) for line in (branch / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [5, 10]
-        assert all(np.isfinite(r[f"eval/safe-pendulum@{v}/normalized_score"]) for r in rows for v in ("1.0.0", "1.1.0"))
+        assert all(
+            np.isfinite(r[f"eval/safe-pendulum@{v}/normalized_score"])
+            for r in rows
+            for v in ("1.0.0", "1.1.0")
+        )
     for name in ("ewc", "naive"):
         r = report[name]
         assert r["versions"] == ["safe-pendulum@1.0.0", "safe-pendulum@1.1.0"]
@@ -141,10 +155,15 @@ def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pen
         k = "safe-pendulum@1.0.0"
         assert r["forgetting"][k] == pytest.approx(r["best_earlier"][k] - r["scores"][k])
         assert np.isfinite(r["new_score"])
-    assert (tmp_path / "cl" / "ewc.safetensors").is_file() and not (tmp_path / "cl" / "naive" / "ewc.safetensors").exists()
+    assert (tmp_path / "cl" / "ewc.safetensors").is_file() and not (
+        tmp_path / "cl" / "naive" / "ewc.safetensors"
+    ).exists()
     chain = json.loads((tmp_path / "cl" / "config.json").read_text())["continual"]
     assert chain["datasets"] == [str(pendulum_data), str(new)]
-    assert json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"] == "safe-pendulum@1.1.0"
+    assert (
+        json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"]
+        == "safe-pendulum@1.1.0"
+    )
 
 
 def test_forgetting_is_measured_against_the_policy_the_start_hands_over(tiny_cql, pendulum_data, tmp_path):
@@ -162,7 +181,9 @@ def test_forgetting_is_measured_against_the_policy_the_start_hands_over(tiny_cql
     save_policy(start / "best", TanhGaussianActor(3, 1, tuple(rec["config"]["hidden"])), rec)
     new = write_pendulum_data(tmp_path / "v1.1.0", version="1.1.0", seed=1)
     cfg = ContinualConfig(steps=5, ewc=EWCConfig(samples=32), eval_episodes=1, baseline=False)
-    report = train_continual(start, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False)
+    report = train_continual(
+        start, new, tmp_path / "cl", previous=[pendulum_data], config=cfg, progress=False
+    )
     old = read_dataset(pendulum_data)[1]
     served, own = score_on(start / "best", old, 1), score_on(start, old, 1)
     assert served != own
@@ -178,7 +199,12 @@ def test_rehearsal_batches_hold_the_earlier_versions_at_the_exact_share(pendulum
     assert len(earlier) == 2 * len(t_old)
     torch.testing.assert_close(earlier.rows[: len(t_old), : info.obs_dim], torch.tensor(t_old.obs))
     assert earlier.data["act"].abs().max() <= 1.0  # actions normalised to the networks' range
-    sample = batches(ReplayBuffer.from_transitions(t_new, ActionScaler(np.float32([-2.0]), np.float32([2.0]))), earlier, 40, 0.25)
+    sample = batches(
+        ReplayBuffer.from_transitions(t_new, ActionScaler(np.float32([-2.0]), np.float32([2.0]))),
+        earlier,
+        40,
+        0.25,
+    )
     old_obs = {tuple(o) for o in t_old.obs.tolist()}
     for _ in range(3):
         from_old = [tuple(o) in old_obs for o in sample().obs.tolist()]

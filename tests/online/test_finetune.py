@@ -54,7 +54,9 @@ def _state():
     return OnlineState()
 
 
-@pytest.mark.parametrize("pid", [PIDConfig(kp=0.0, ki=0.01, kd=0.0), PIDConfig(kp=0.05, ki=0.01, kd=0.02)], ids=["ascent", "pid"])
+@pytest.mark.parametrize(
+    "pid", [PIDConfig(kp=0.0, ki=0.01, kd=0.0), PIDConfig(kp=0.05, ki=0.01, kd=0.02)], ids=["ascent", "pid"]
+)
 def test_multiplier_rises_over_budget_and_falls_under(tiny_cql, tmp_path, pid):
     v = _algo_with_rounds(tiny_cql, tmp_path, [20.0, 30.0, 40.0, 8.0, 6.0, 4.0], pid)
     assert v[1] > v[0] and v[2] > v[1] and v[3] > v[2], v
@@ -98,7 +100,9 @@ def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
     assert algo.lagrangian.cfg == TINY.pid  # the online gains, the offline state
 
 
-def test_the_unconstrained_baseline_neither_applies_nor_reports_the_carried_multiplier(tiny_cql, pendulum_data, tmp_path):
+def test_the_unconstrained_baseline_neither_applies_nor_reports_the_carried_multiplier(
+    tiny_cql, pendulum_data, tmp_path
+):
     free = replace(TINY, constrained=False)
     with _offline_multiplier(tiny_cql, 0.7):
         algo = build_algo(read_config(tiny_cql), free)
@@ -128,7 +132,9 @@ def _buffers(n_off=100, n_on=60):
     off, on = ReplayBuffer(n_off, 3, 1), ReplayBuffer(n_on, 3, 1)
     for buf, n, c in ((off, n_off, 0.0), (on, n_on, 1.0)):
         z = np.zeros(n, np.float32)
-        buf.add(obs=np.zeros((n, 3)), act=np.zeros((n, 1)), rew=z, cost=z + c, next_obs=np.zeros((n, 3)), done=z)
+        buf.add(
+            obs=np.zeros((n, 3)), act=np.zeros((n, 1)), rew=z, cost=z + c, next_obs=np.zeros((n, 3)), done=z
+        )
     return off, on
 
 
@@ -152,17 +158,29 @@ def test_mc_returns_restart_at_episode_ends():
 def _rows(rew):
     n = len(rew)
     z = np.zeros(n, np.float32)
-    return {"obs": np.zeros((n, 3)), "act": np.zeros((n, 1)), "rew": np.asarray(rew, np.float32), "cost": z,
-            "next_obs": np.zeros((n, 3)), "done": z}
+    return {
+        "obs": np.zeros((n, 3)),
+        "act": np.zeros((n, 1)),
+        "rew": np.asarray(rew, np.float32),
+        "cost": z,
+        "next_obs": np.zeros((n, 3)),
+        "done": z,
+    }
 
 
 def test_the_writer_fills_each_environments_return_when_its_episode_ends():
     w = OnlineWriter(ReplayBuffer(8, 3, 1), torch.zeros(8), gamma=0.5)
-    for a, b, a_ends in ((1.0, 10.0, False), (1.0, 20.0, False), (1.0, 30.0, True)):  # two environments, interleaved
+    for a, b, a_ends in (
+        (1.0, 10.0, False),
+        (1.0, 20.0, False),
+        (1.0, 30.0, True),
+    ):  # two environments, interleaved
         n = w.add(_rows([a, b]))
         w.extend("a", n[:1], np.array([a]), np.array([a_ends]))
         w.extend("b", n[1:], np.array([b]), np.array([False]))
-    np.testing.assert_allclose(w.mc[:6].numpy(), [1.75, -np.inf, 1.5, -np.inf, 1.0, -np.inf])  # b is still open
+    np.testing.assert_allclose(
+        w.mc[:6].numpy(), [1.75, -np.inf, 1.5, -np.inf, 1.0, -np.inf]
+    )  # b is still open
     w.extend("b", w.add(_rows([40.0])), np.array([40.0]), np.array([True]))
     np.testing.assert_allclose(w.mc[[1, 3, 5, 6]].numpy(), [10 + 10 + 7.5 + 5, 20 + 15 + 10, 30 + 20, 40])
 
@@ -170,9 +188,13 @@ def test_the_writer_fills_each_environments_return_when_its_episode_ends():
 def test_a_row_the_ring_overwrote_before_its_episode_ended_gets_no_return():
     w = OnlineWriter(ReplayBuffer(3, 3, 1), torch.zeros(3), gamma=1.0)
     w.extend("a", w.add(_rows([1.0, 1.0])), np.ones(2), np.zeros(2, bool))
-    w.extend("b", w.add(_rows([5.0, 5.0])), np.full(2, 5.0), np.array([False, True]))  # overwrites a's first row
+    w.extend(
+        "b", w.add(_rows([5.0, 5.0])), np.full(2, 5.0), np.array([False, True])
+    )  # overwrites a's first row
     assert w.mc.tolist() == [5.0, -np.inf, 10.0]  # slot 0 now holds b's second row
-    w.extend("a", w.add(_rows([1.0])), np.ones(1), np.ones(1, bool))  # a ends (3, 2, 1): only its last row is still held
+    w.extend(
+        "a", w.add(_rows([1.0])), np.ones(1), np.ones(1, bool)
+    )  # a ends (3, 2, 1): only its last row is still held
     assert w.mc.tolist() == [5.0, 1.0, 10.0]
 
 
@@ -193,7 +215,9 @@ def test_each_step_reaches_the_replay_before_the_next_update(tiny_cql):
         Round(algo, cfg, ActionScaler.of(env["action_low"], env["action_high"]), w).run(envs, 0, update)
     finally:
         envs.close()
-    assert [n for n, _ in seen] == [2 * (t // 2 + 1) for t in range(400)]  # two environments, two updates a step
+    assert [n for n, _ in seen] == [
+        2 * (t // 2 + 1) for t in range(400)
+    ]  # two environments, two updates a step
     assert all(unknown for _, unknown in seen[:-2]) and not any(unknown for _, unknown in seen[-2:])
     rows = w.online.data
     for i in range(2):  # rows interleave the two environments; each has its episode's own return
@@ -206,16 +230,29 @@ def test_each_step_reaches_the_replay_before_the_next_update(tiny_cql):
 def test_calql_bounds_policy_action_values_by_mc_return():
     algo = CalQL(3, 1, CalQLConfig(hidden=(8,), n_action_samples=2))
     q = torch.full((2, 4, 6), -10.0)
-    b = MCBatch(*(torch.zeros(4, 3), torch.zeros(4, 1), torch.zeros(4), torch.zeros(4), torch.zeros(4, 3), torch.zeros(4)),
-                mc_return=torch.tensor([-1.0, -20.0, 0.0, -5.0]))
+    b = MCBatch(
+        *(
+            torch.zeros(4, 3),
+            torch.zeros(4, 1),
+            torch.zeros(4),
+            torch.zeros(4),
+            torch.zeros(4, 3),
+            torch.zeros(4),
+        ),
+        mc_return=torch.tensor([-1.0, -20.0, 0.0, -5.0]),
+    )
     out = algo.bound_sampled_q(q, b)
     assert torch.equal(out[..., :2], q[..., :2])  # uniform actions untouched
-    np.testing.assert_allclose(out[0, :, 2:].numpy(), np.array([[-1.0] * 4, [-10.0] * 4, [0.0] * 4, [-5.0] * 4]))
+    np.testing.assert_allclose(
+        out[0, :, 2:].numpy(), np.array([[-1.0] * 4, [-10.0] * 4, [0.0] * 4, [-5.0] * 4])
+    )
 
 
 @pytest.mark.parametrize("mode", ["none", "cql", "calql"])
 def test_each_critic_regime_updates_finitely(mode):
-    algo = CalQL(3, 1, CalQLConfig(hidden=(8,), n_action_samples=2, conservative=mode, external_multiplier=True))
+    algo = CalQL(
+        3, 1, CalQLConfig(hidden=(8,), n_action_samples=2, conservative=mode, external_multiplier=True)
+    )
     algo.lagrangian.value = 1.0
     off, on = _buffers()
     m = algo.update(sample_mixed(off, on, 32, 0.5, torch.zeros(100), torch.zeros(60)))
@@ -231,7 +268,9 @@ def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tm
     assert eps[-1]["cumulative_cost"] == pytest.approx(sum(e["cost"] for e in eps))
     assert final["online/cumulative_cost"] == pytest.approx(eps[-1]["cumulative_cost"])
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {"online/episode_cost", "online/lagrange_multiplier", "online/q_data", "online/qc_policy"} <= set(rows[-1])
+    assert {"online/episode_cost", "online/lagrange_multiplier", "online/q_data", "online/qc_policy"} <= set(
+        rows[-1]
+    )
     assert read_config(out)["stage"] == "finetune"
 
 
@@ -239,11 +278,18 @@ def test_the_final_evaluation_is_logged_with_the_others(tiny_cql, pendulum_data,
     """A run whose last round had no evaluation evaluates once more at the end; that evaluation is on the
     curve too, not only in ``metrics.json`` (benchmarks read the last evaluations from the curve)."""
     out = tmp_path / "ft"
-    final = finetune(tiny_cql, out, data=pendulum_data, config=replace(TINY, steps=1200, eval_episodes=2, eval_every=2),
-                     progress=False)
+    final = finetune(
+        tiny_cql,
+        out,
+        data=pendulum_data,
+        config=replace(TINY, steps=1200, eval_episodes=2, eval_every=2),
+        progress=False,
+    )
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
-    assert [r["step"] for r in evals] == [800, 1200], "three rounds of 400 steps: the second round's and the final one"
+    assert [r["step"] for r in evals] == [800, 1200], (
+        "three rounds of 400 steps: the second round's and the final one"
+    )
     assert evals[-1]["eval/return"] == final["eval/return"] and evals[-1]["eval/cost"] == final["eval/cost"]
 
 
@@ -271,16 +317,38 @@ def test_cli_finetune_with_worker_processes(tiny_cql, pendulum_data, tmp_path):
     from arl_cli.online import app
 
     out = tmp_path / "cli"
-    res = CliRunner().invoke(app, [
-        "finetune", "--from", str(tiny_cql), "--out", str(out), "--task", "safe-pendulum", "--steps", "400",
-        "--num-envs", "2", "--data", str(pendulum_data), "--eval-episodes", "0", "--utd", "0.05", "--vector", "async",
-    ])
+    res = CliRunner().invoke(
+        app,
+        [
+            "finetune",
+            "--from",
+            str(tiny_cql),
+            "--out",
+            str(out),
+            "--task",
+            "safe-pendulum",
+            "--steps",
+            "400",
+            "--num-envs",
+            "2",
+            "--data",
+            str(pendulum_data),
+            "--eval-episodes",
+            "0",
+            "--utd",
+            "0.05",
+            "--vector",
+            "async",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.output[res.output.index("{\n") :])["online/env_steps_total"] == 400
     assert (out / "train_state").is_dir()
 
 
-def test_preprocessing_runs_on_every_training_batch_and_the_replay_stays_raw(tiny_cql, pendulum_data, tmp_path):
+def test_preprocessing_runs_on_every_training_batch_and_the_replay_stays_raw(
+    tiny_cql, pendulum_data, tmp_path
+):
     from arl_models.preprocess import PREPROCESSORS, register_preprocessor
 
     seen: list[float] = []
@@ -306,7 +374,9 @@ def test_preprocessing_runs_on_every_training_batch_and_the_replay_stays_raw(tin
     finetune(tiny_cql, tmp_path / "plain", data=pendulum_data, config=TINY, progress=False)
     plain = load_file(str(tmp_path / "plain" / "train_state" / "state.safetensors"))
     critic = [k for k in state if k.startswith("critic") and "weight" in k][0]
-    assert not torch.equal(plain[critic], state[critic])  # the same seeds, other weights: the updates saw the transform
+    assert not torch.equal(
+        plain[critic], state[critic]
+    )  # the same seeds, other weights: the updates saw the transform
 
 
 def test_finetune_refuses_data_labelled_by_another_cost(tiny_cql, pendulum_data, tmp_path):
@@ -321,7 +391,10 @@ def test_finetune_refuses_data_labelled_by_another_cost(tiny_cql, pendulum_data,
     meta = json.loads(sidecar.read_text())
     meta["extra"]["cost_fn"] = "ActuatorEffortCost(threshold=1.0, ramp=None)"
     sidecar.write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match=r"stale: its cost column was computed by ActuatorEffortCost\(threshold=1.0, ramp=None\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"stale: its cost column was computed by ActuatorEffortCost\(threshold=1.0, ramp=None\)",
+    ):
         finetune(tiny_cql, tmp_path / "ft", data=stale, config=TINY, progress=False)
     assert not (tmp_path / "ft" / "train_state").exists()
     meta["extra"]["cost_fn"] = repr(get_task("safe-pendulum").cost_fn)  # the task's own: accepted

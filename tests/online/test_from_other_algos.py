@@ -13,14 +13,24 @@ from arl_models.offline import train_offline_algo
 from arl_models.online import FinetuneConfig, build_algo, finetune, warm_start
 
 TINY = FinetuneConfig(steps=400, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
-CONFIGS = {"td3bc": TD3BCConfig(hidden=(16, 16), batch_size=32), "iql": IQLConfig(hidden=(16, 16), batch_size=32)}
+CONFIGS = {
+    "td3bc": TD3BCConfig(hidden=(16, 16), batch_size=32),
+    "iql": IQLConfig(hidden=(16, 16), batch_size=32),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def start(request, tmp_path_factory, pendulum_data):
     out = tmp_path_factory.mktemp(request.param) / request.param
-    train_offline_algo(request.param, pendulum_data, out, steps=20, config=CONFIGS[request.param], progress=False,
-                       eval_episodes=0)
+    train_offline_algo(
+        request.param,
+        pendulum_data,
+        out,
+        steps=20,
+        config=CONFIGS[request.param],
+        progress=False,
+        eval_episodes=0,
+    )
     return out
 
 

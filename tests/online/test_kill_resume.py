@@ -46,7 +46,9 @@ train_continual(src, data, out, previous=[previous], config=cfg, progress=False)
 
 def _run(script: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _finish(script: str, *args: str) -> None:

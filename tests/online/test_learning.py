@@ -23,11 +23,15 @@ from tests.conftest import pendulum_info
 def test_finetuning_improves_on_the_offline_policy_within_budget(tmp_path):
     spec = get_task("safe-pendulum")
     rng = np.random.default_rng(0)
-    t = rollout(lambda o: rng.uniform(-2.0, 2.0, (1,)).astype(np.float32), spec, 2000, 0, RANDOM_POLICY_HASH, False)
+    t = rollout(
+        lambda o: rng.uniform(-2.0, 2.0, (1,)).astype(np.float32), spec, 2000, 0, RANDOM_POLICY_HASH, False
+    )
     write_dataset(tmp_path / "random", t, pendulum_info())
     cql = CQLConfig(hidden=(64, 64), batch_size=128, n_action_samples=2, actor_lr=3e-4, temp_lr=3e-4)
     train_cql(tmp_path / "random", tmp_path / "cql", steps=300, config=cql, progress=False, eval_episodes=0)
-    cfg = FinetuneConfig(steps=10_000, num_envs=4, utd=1.0, offline_ratio=0.25, eval_every=0, eval_episodes=5, batch_size=128)
+    cfg = FinetuneConfig(
+        steps=10_000, num_envs=4, utd=1.0, offline_ratio=0.25, eval_every=0, eval_episodes=5, batch_size=128
+    )
     final = finetune(tmp_path / "cql", tmp_path / "ft", config=cfg, progress=False)
     offline, online = final["online/initial_return"], final["eval/return"]
     assert online - offline >= 0.2 * abs(offline), (offline, online)

@@ -13,7 +13,9 @@ OBS_DIM, ACT_DIM = 3, 1
 TIMESTAMP = "2026-01-02T03:04:05.123456Z"
 
 
-def make_transitions(n_episodes: int = 4, ep_len: int = 25, seed: int = 0, act_dim: int = ACT_DIM) -> Transitions:
+def make_transitions(
+    n_episodes: int = 4, ep_len: int = 25, seed: int = 0, act_dim: int = ACT_DIM
+) -> Transitions:
     rng = np.random.default_rng(seed)
     n = n_episodes * ep_len
     step = np.tile(np.arange(ep_len, dtype=np.int32), n_episodes)

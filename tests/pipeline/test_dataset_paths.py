@@ -9,8 +9,23 @@ from typer.testing import CliRunner
 
 from tasks.data import UnsafeDatasetPath, check_dataset_path, dataset_dir, flow_data_repo
 
-TRAVERSALS = ["../../victim", "../victim", "/tmp/victim", "a/../../victim", ".git", ".dvc", "x.dvc", "", "a//b",
-              "./x", "-rf", "na me", "a\\..\\b", "..", "~/victim"]
+TRAVERSALS = [
+    "../../victim",
+    "../victim",
+    "/tmp/victim",
+    "a/../../victim",
+    ".git",
+    ".dvc",
+    "x.dvc",
+    "",
+    "a//b",
+    "./x",
+    "-rf",
+    "na me",
+    "a\\..\\b",
+    "..",
+    "~/victim",
+]
 
 
 @pytest.mark.parametrize("name", TRAVERSALS)
@@ -64,8 +79,20 @@ def test_push_with_a_traversal_name_deletes_nothing(good_dataset: Path, tmp_path
     victim.mkdir()
     (victim / "keep.txt").write_text("precious")
     res = CliRunner().invoke(
-        app, ["data", "push", str(good_dataset), "--name", "../victim", "--repo", str(repo), "--no-validate",
-              "--no-event", "--remote", str(tmp_path / "remote")],
+        app,
+        [
+            "data",
+            "push",
+            str(good_dataset),
+            "--name",
+            "../victim",
+            "--repo",
+            str(repo),
+            "--no-validate",
+            "--no-event",
+            "--remote",
+            str(tmp_path / "remote"),
+        ],
     )
     assert res.exit_code == 2 and "'..' is not allowed" in res.output
     assert (victim / "keep.txt").read_text() == "precious"

@@ -79,6 +79,7 @@ def test_a_champion_without_a_score_stops_promotion(mlflow_uri: str, tmp_path: P
     d = registry.promote(name, v[1], _candidate(70.0), **GATE, tracking_uri=mlflow_uri)
     assert not d.promote and "champion's score None is not a finite number" in d.reason
     assert registry.alias_version(name, registry.CHAMPION, tracking_uri=mlflow_uri) == v[0]
-    d = registry.promote(name, v[2], _candidate(70.0), **GATE, tracking_uri=mlflow_uri,
-                         rescore=lambda version: {"score": 60.0})
+    d = registry.promote(
+        name, v[2], _candidate(70.0), **GATE, tracking_uri=mlflow_uri, rescore=lambda version: {"score": 60.0}
+    )
     assert d.promote and "re-scored" in d.reason

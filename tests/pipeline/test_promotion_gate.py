@@ -59,7 +59,9 @@ def test_a_champion_without_a_finite_score_stops_promotion(champion: dict) -> No
 def test_the_lineage_best_bounds_the_slide() -> None:
     """Six promotions within tolerance of the one before would slide 90 to 84; the lineage's best stops it."""
     ok = {"data_validated": True, "mean_cost": 0.0}
-    assert promotion_decision({**ok, "score": 89.0}, {"score": 90.0}, **GATE, lineage_best=("1", 90.0)).promote
+    assert promotion_decision(
+        {**ok, "score": 89.0}, {"score": 90.0}, **GATE, lineage_best=("1", 90.0)
+    ).promote
     d = promotion_decision({**ok, "score": 88.5}, {"score": 89.0}, **GATE, lineage_best=("1", 90.0))
     assert not d.promote and "lineage's best champion 90 (v1)" in d.reason
 

@@ -128,8 +128,13 @@ def test_a_champion_scored_against_other_references_is_scored_again(
 ) -> None:
     name = "arl-references"
     v = [
-        registry.register_policy(_checkpoint(tmp_path / f"r{i}", i), model_name=name, run_id=run_id, tags=TRACE,
-                                 tracking_uri=mlflow_uri).version
+        registry.register_policy(
+            _checkpoint(tmp_path / f"r{i}", i),
+            model_name=name,
+            run_id=run_id,
+            tags=TRACE,
+            tracking_uri=mlflow_uri,
+        ).version
         for i in range(3)
     ]
     first = {"score": 90.0, "mean_cost": 1.0, "data_validated": True, "references": "random 0, expert 100"}
@@ -140,7 +145,12 @@ def test_a_champion_scored_against_other_references_is_scored_again(
         rescored.append(version)
         return {"score": 40.0, "references": "random 10, expert 50"}
 
-    candidate = {"score": 45.0, "mean_cost": 1.0, "data_validated": True, "references": "random 10, expert 50"}
+    candidate = {
+        "score": 45.0,
+        "mean_cost": 1.0,
+        "data_validated": True,
+        "references": "random 10, expert 50",
+    }
     without = registry.promote(name, v[1], candidate, **GATE, tracking_uri=mlflow_uri)
     assert not without.promote and "not comparable" in without.reason  # 45 is never compared with 90
     d = registry.promote(name, v[2], candidate, **GATE, tracking_uri=mlflow_uri, rescore=rescore)
@@ -168,7 +178,9 @@ def test_real_checkpoint_round_trip(mlflow_uri: str, run_id: str, tmp_path: Path
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
 
     def served(name: str) -> np.ndarray:
-        reg = registry.register_policy(ckpt, model_name=name, run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri)
+        reg = registry.register_policy(
+            ckpt, model_name=name, run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri
+        )
         return mlflow.pyfunc.load_model(f"models:/{name}/{reg.version}").predict(obs)
 
     np.testing.assert_allclose(served("arl-real"), load_policy(ckpt).act(obs, deterministic=True), rtol=1e-6)

@@ -14,7 +14,9 @@ def _o(stage: str, forgetting: float, new_score: float, cost: float = 5.0) -> di
 def test_the_best_new_version_score_within_both_bounds_is_the_candidate() -> None:
     chosen, why = choose_candidate([_o("ewc", 4.0, 50.0), _o("finetune", 1.0, 90.0)], **BOUNDS)
     assert chosen == "finetune"
-    assert why.startswith("candidate finetune: the best new-version score within the forgetting bound 10 and the cost budget 10")
+    assert why.startswith(
+        "candidate finetune: the best new-version score within the forgetting bound 10 and the cost budget 10"
+    )
     assert "ewc forgets 4, scores 50 at cost 5 on the new version" in why
 
 

@@ -37,6 +37,9 @@ def test_settings_and_upstream_are_part_of_the_key() -> None:
 
 def test_the_offline_algorithm_is_part_of_the_key() -> None:
     default = stage_key("offline", "0" * 32, SETTINGS, None)
-    assert stage_key("offline", "0" * 32, SETTINGS | {"offline_algo": "cql"}, None) != default  # the choice is recorded
+    assert (
+        stage_key("offline", "0" * 32, SETTINGS | {"offline_algo": "cql"}, None) != default
+    )  # the choice is recorded
     assert stage_key("offline", "0" * 32, SETTINGS | {"offline_algo": "td3bc"}, None) != stage_key(
-        "offline", "0" * 32, SETTINGS | {"offline_algo": "iql"}, None)
+        "offline", "0" * 32, SETTINGS | {"offline_algo": "iql"}, None
+    )

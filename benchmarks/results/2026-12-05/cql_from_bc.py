@@ -23,10 +23,21 @@ def main() -> None:
     bc, data, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     overrides = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     steps = overrides.pop("steps", 10_000)
-    cfg = CQLConfig(**{"hidden": (64, 64), "n_action_samples": 4, "actor_lr": 3e-4, "temp_lr": 3e-4, **overrides})
+    cfg = CQLConfig(
+        **{"hidden": (64, 64), "n_action_samples": 4, "actor_lr": 3e-4, "temp_lr": 3e-4, **overrides}
+    )
     t0 = time.perf_counter()
-    train_cql(data, out, steps=steps, seed=0, config=cfg, progress=False, eval_episodes=30, init_actor=bc,
-              constrained=False)
+    train_cql(
+        data,
+        out,
+        steps=steps,
+        seed=0,
+        config=cfg,
+        progress=False,
+        eval_episodes=30,
+        init_actor=bc,
+        constrained=False,
+    )
     with open(out / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     scores = [(r["step"], round(r["eval/normalized_score"], 1)) for r in rows if "eval/normalized_score" in r]

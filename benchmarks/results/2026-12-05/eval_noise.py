@@ -17,4 +17,9 @@ torch.set_num_threads(1)
 ckpt, data = sys.argv[1], sys.argv[2]
 info = read_dataset(data)[1]
 scores = [score_on(ckpt, info, 20, seed=seed) for seed in range(12345, 12355)]
-print(ckpt, info.env_version, " ".join(f"{v:.1f}" for v in scores), f"mean {np.mean(scores):.1f} sd {np.std(scores, ddof=1):.1f}")
+print(
+    ckpt,
+    info.env_version,
+    " ".join(f"{v:.1f}" for v in scores),
+    f"mean {np.mean(scores):.1f} sd {np.std(scores, ddof=1):.1f}",
+)
