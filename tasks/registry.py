@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arl_models.evaluate import EVAL_SEED
 from tasks.tracking import client
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -30,6 +31,23 @@ GATE_LOCK_TIMEOUT_S = 600.0
 """How long a gate waits for another promotion of the same model to finish before it fails."""
 GATE_LOCK_LEASE_S = 60.0
 """The lock's lease, renewed while it is held: a gate killed while holding it frees it after this long."""
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """How the gate judges a candidate: the home of these defaults (the flow's form and the CLI read them)."""
+
+    eval_episodes: int = 50
+    """Episodes of the final evaluation, from fixed starts (the starts decide a mean cost, so few are noisy)."""
+    eval_seed: int = EVAL_SEED
+    """Seed of the final evaluation's starts."""
+    tolerance: float = 5.0
+    """How far (normalised score points) a candidate may trail the champion."""
+    max_forgetting: float = 10.0
+    """Score a continual candidate may lose on the earlier data versions."""
+
+
+GATE = GateSettings()
 
 
 @dataclass(frozen=True)
