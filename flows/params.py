@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from tasks.data import check_dataset_path
+from tasks.registry import GATE
+from tasks.stages import StageSpec, bc_spec, ewc_spec, finetune_spec, offline_spec
 
 
 class DatasetRef(BaseModel):
@@ -21,7 +23,8 @@ class DatasetRef(BaseModel):
     )
     version: str | None = Field(
         None,
-        description="DVC hash (`<md5>.dir`) or git rev of the data repo; empty: the latest committed version.",
+        description="DVC hash (`<md5>.dir`) or git rev of the data repo; "
+        "empty: the latest committed version.",
     )
     repo: str | None = Field(
         None, description="Data repository (git + DVC); empty: ARL_DATA_REPO or .arl/data."
@@ -58,14 +61,19 @@ class TrainingConfig(BaseModel):
         ge=0,
         description="Environment steps of constrained online fine-tuning (empty: the preset's; 0 skips it).",
     )
-    finetune_envs: int = Field(4, gt=0, description="Parallel environments during fine-tuning.")
+    finetune_envs: int | None = Field(
+        None, gt=0, description="Parallel environments during fine-tuning (empty: the library's)."
+    )
     finetune_budget: float | None = Field(
         None,
         gt=0,
-        description="Episode cost budget fine-tuning holds to and keeps its best policy within (empty: the task's).",
+        description="Episode cost budget fine-tuning holds to and keeps its best policy within "
+        "(empty: the task's).",
     )
-    finetune_vector: Literal["sync", "async"] = Field(
-        "sync", description="sync: environments in the flow's process; async: one worker process each."
+    finetune_vector: Literal["sync", "async"] | None = Field(
+        None,
+        description="sync: environments in the learner's process; async: one worker process each "
+        "(empty: the library's).",
     )
     continual_steps: int | None = Field(
         None,
@@ -78,43 +86,46 @@ class TrainingConfig(BaseModel):
     ewc_weight: float | None = Field(
         None,
         ge=0,
-        description="Weight of the EWC penalty protecting earlier versions (empty: the library's, 100).",
+        description="Weight of the EWC penalty protecting earlier versions (empty: the library's).",
     )
-    rehearsal: float = Field(
-        0.0,
+    rehearsal: float | None = Field(
+        None,
         ge=0,
         lt=1,
-        description="Share of each EWC-stage batch drawn from the earlier versions' datasets (0: the new data alone).",
+        description="Share of each EWC-stage batch drawn from the earlier versions' datasets "
+        "(empty: the library's; 0: the new data alone).",
     )
 
-    def stage_settings(self, stage: str) -> dict:
-        steps = {
-            "bc": self.bc_steps,
-            "offline": self.offline_steps,
-            "finetune": self.finetune_steps,
-            "ewc": self.continual_steps,
-        }[stage]
-        settings = {
+    def stage_specs(self, forgetting_episodes: int) -> dict[str, StageSpec]:
+        """The four stages' library configs, resolved once from this form (stage 4's forgetting is measured
+        over the gate's ``forgetting_episodes``)."""
+        common = {
             "preset": self.preset,
             "seed": self.seed,
-            "steps": steps,
             "eval_episodes": self.eval_episodes,
-            "constrained": self.constrained,
             "threads": self.threads,
         }
-        if stage == "offline":
-            settings["offline_algo"] = self.offline_algo
-        if stage in ("finetune", "ewc"):
-            settings |= {"num_envs": self.finetune_envs, "vector": self.finetune_vector}
-            if self.finetune_budget is not None:
-                settings["cost_budget"] = self.finetune_budget
-        if stage == "ewc":
-            settings |= {
-                "ewc_weight": self.ewc_weight,
-                "rehearsal": self.rehearsal,
-                "online_steps": self.finetune_steps,
-            }
-        return settings
+        online = finetune_spec(
+            steps=self.finetune_steps,
+            num_envs=self.finetune_envs,
+            vector=self.finetune_vector,
+            cost_budget=self.finetune_budget,
+            **common,
+        )
+        return {
+            "bc": bc_spec(steps=self.bc_steps, **common),
+            "offline": offline_spec(
+                algo=self.offline_algo, steps=self.offline_steps, constrained=self.constrained, **common
+            ),
+            "finetune": online,
+            "ewc": ewc_spec(
+                online,
+                forgetting_episodes,
+                self.continual_steps,
+                weight=self.ewc_weight,
+                rehearsal=self.rehearsal,
+            ),
+        }
 
 
 class GateConfig(BaseModel):
@@ -122,20 +133,21 @@ class GateConfig(BaseModel):
 
     model_name: str | None = Field(None, description="Registered model (empty: arl-<task>).")
     eval_episodes: int = Field(
-        50,
-        gt=0,
-        description="Episodes of the final evaluation (its start states decide a mean cost: one safe-pendulum "
-        "policy paid 12.4 and 6.6 on two sets of 10 starts, 10.3 and 8.0 on two sets of 50).",
+        GATE.eval_episodes, gt=0, description="Episodes of the final evaluation, from fixed starts."
     )
-    eval_seed: int = Field(12345, ge=0, description="Seed of the final evaluation.")
+    eval_seed: int = Field(GATE.eval_seed, ge=0, description="Seed of the final evaluation's starts.")
     tolerance: float = Field(
-        5.0, ge=0, description="How far (normalised score points) the new policy may trail the champion."
+        GATE.tolerance,
+        ge=0,
+        description="How far (normalised score points) the new policy may trail the champion.",
     )
     cost_budget: float | None = Field(
         None, ge=0, description="Mean episode cost allowed (empty: the task's budget)."
     )
     max_forgetting: float = Field(
-        10.0, ge=0, description="Score the policy may lose on earlier data versions (EWC stage)."
+        GATE.max_forgetting,
+        ge=0,
+        description="Score the policy may lose on earlier data versions (EWC stage).",
     )
 
 

@@ -1,4 +1,5 @@
-"""``dataset_watcher_flow``: announce dataset versions that reached the data repo without ``arl pipeline push``.
+"""``dataset_watcher_flow``: announce dataset versions that reached the data repo without
+``arl pipeline push``.
 
 A version committed by hand (``dvc add`` + ``git commit``) or pulled from another clone has a ``.dvc`` hash
 the ledger (``.dvc/tmp/arl-announced.json``) has not seen: the watcher emits the same
@@ -36,7 +37,8 @@ def announce_new_versions(repo_dir: str, remote: str) -> list[dict[str, str]]:
 
 @flow(name="dataset-watcher", log_prints=True)
 def dataset_watcher_flow(repo: str | None = None, git_pull: bool = False) -> list[dict[str, str]]:
-    """Emit ``arl.dataset.pushed`` for each new ``.dvc`` hash at the data repo's HEAD (``git pull`` first if asked)."""
+    """Emit ``arl.dataset.pushed`` for each new ``.dvc`` hash at the data repo's HEAD (``git pull`` first if
+    asked)."""
     repo_dir = flow_data_repo(repo, state_paths().data_repo)
     if git_pull:
         _git(repo_dir, "pull", "--ff-only", "-q")

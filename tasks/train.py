@@ -1,6 +1,8 @@
-"""Training stages as Prefect tasks: one coarse task per stage, logged to a nested MLflow run.
+"""Training stages as Prefect tasks: one verb per stage (:func:`train_bc`, :func:`train_offline`,
+:func:`finetune_online`, :func:`continue_with_ewc`), each taking its :class:`~tasks.stages.StageSpec` and
+logging to a nested MLflow run.
 
-A stage is a pure function of (dataset hash, stage, library config, seed, steps, upstream stage), so its
+A stage is a pure function of (dataset hash, spec, upstream stage), so its
 result is cached under that key (:func:`stage_key`): a pipeline run that failed after stage 2 and is run
 again does not retrain stages 1 and 2. The checkpoint directory is content-addressed by the same key
 (``runs/<dataset>/<stage>-<key>/``), so a stage interrupted mid-way resumes from its ``train_state/``, and
@@ -16,16 +18,16 @@ import dataclasses
 import hashlib
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 
 from tasks import tracking
+from tasks.stages import StageSpec
 
-STAGES = ("bc", "offline", "finetune", "ewc")
-NOT_IN_KEY = ("threads",)
-"""Settings that change how fast a stage runs, not what it computes: a stage keeps its key with any of them."""
 COMPLETION_KEY = {"ewc": "continual/ewc_mean_forgetting"}
 """A metric a stage writes only once it has finished everything (EWC: after measuring forgetting)."""
 CURVES = {
@@ -36,46 +38,22 @@ CURVES = {
         w in k for w in ("cost", "lagrange", "over_budget", "violation", "conservative")
     ),
 }
+PROGRESS_LINES = 10
+"""Progress lines a stage logs (one per tenth of its steps): the worker's log shows no progress bars."""
 
 
-def offline_algo(settings: dict[str, Any]) -> str:
-    """Stage 2's algorithm: the form's choice, else the preset's (the library's default)."""
-    from arl_models.presets import get_preset
-
-    return settings.get("offline_algo") or get_preset(settings["preset"]).offline_algo
-
-
-def library_config(stage: str, preset: str, algo: str | None = None) -> dict[str, Any]:
-    """The algorithm config the library will use for ``stage`` under ``preset`` (part of the cache key);
-    ``algo``: stage 2's algorithm (default: the preset's)."""
-    from arl_models.presets import get_preset
-
-    p = get_preset(preset)
-    if stage == "finetune":
-        from arl_models.online import FinetuneConfig
-
-        return {"config": dataclasses.asdict(FinetuneConfig()), "default_steps": p.finetune_steps}
-    if stage == "ewc":
-        from arl_models.continual import ContinualConfig
-
-        return {"config": dataclasses.asdict(ContinualConfig()), "default_steps": p.continual_steps}
-    cfg, steps = (p.bc, p.bc_steps) if stage == "bc" else (p.offline_config(algo), p.offline_steps_of(algo))
-    # the conditioning follows the dataset's task (arl_models.offline.conditioning); the run is tagged with it
-    return {"config": dataclasses.asdict(cfg) | {"context_dim": "task"}, "default_steps": steps}
-
-
-def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_key: str | None) -> str:
-    """sha256 of everything that determines a stage's output, the networks' layout included."""
+def stage_key(spec: StageSpec, dataset_md5: str, upstream_key: str | None, inputs: Any = None) -> str:
+    """sha256 of everything that determines a stage's output: the spec, the data, the upstream stage,
+    other inputs (EWC: the earlier versions' datasets) and the networks' layout."""
     from arl_models import nets
 
     blob = json.dumps(
         {
-            "stage": stage,
+            "spec": spec.identity(),
             "dataset": dataset_md5,
-            "settings": {k: v for k, v in settings.items() if k not in NOT_IN_KEY},
-            "library": library_config(stage, settings["preset"], settings.get("offline_algo")),
-            "layout": nets.layout_signature(),
             "upstream": upstream_key,
+            "inputs": inputs,
+            "layout": nets.layout_signature(),
         },
         sort_keys=True,
         default=str,
@@ -85,9 +63,8 @@ def stage_key(stage: str, dataset_md5: str, settings: dict[str, Any], upstream_k
 
 def _cache_key(context: Any, parameters: dict[str, Any]) -> str:
     upstream = parameters.get("init_from") or {}
-    return "arl-stage-" + stage_key(
-        parameters["stage"], parameters["dataset"]["md5"], parameters["settings"], upstream.get("key")
-    )
+    spec, md5 = parameters["spec"], parameters["dataset"]["md5"]
+    return "arl-stage-" + stage_key(spec, md5, upstream.get("key"), parameters.get("previous"))
 
 
 def checkpoint_dir(runs_dir: str | Path, dataset_md5: str, stage: str, key: str) -> Path:
@@ -100,13 +77,6 @@ def _finished(out: Path, stage: str, steps: int) -> dict[str, float] | None:
 
     metrics = finished(out, steps)
     return metrics if metrics is not None and COMPLETION_KEY.get(stage, "wall_time_s") in metrics else None
-
-
-def _target_steps(stage: str, settings: dict[str, Any]) -> int:
-    return int(
-        settings.get("steps")
-        or library_config(stage, settings["preset"], settings.get("offline_algo"))["default_steps"]
-    )
 
 
 def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
@@ -124,154 +94,86 @@ def _log_curves(run_id: str, out: Path, tracking_uri: str) -> list[str]:
     return logged
 
 
-def _train(
-    stage: str, data_dir: str, out: Path, settings: dict[str, Any], init_actor: str | None, sink: Any
-) -> dict:
-    from arl_models.offline import train_bc, train_offline_algo
+class _ProgressLog:
+    """Forwards a stage's metrics to ``sink`` and logs a line at each tenth of its steps with an estimate
+    of the time left."""
 
-    common = {
-        "preset": settings["preset"],
-        "seed": settings["seed"],
-        "steps": settings.get("steps"),
-        "sink": sink,
-        "progress": sys.stderr.isatty(),
-        "eval_episodes": settings.get("eval_episodes"),
-    }
-    if stage == "bc":
-        return train_bc(data_dir, out, **common)
-    if stage == "finetune":
-        from arl_models.online import finetune
+    def __init__(self, sink: Any, stage: str, steps: int, logger: Any):
+        self.sink, self.stage, self.steps, self.logger = sink, stage, max(1, steps), logger
+        self.start, self.next = time.monotonic(), self.steps / PROGRESS_LINES
 
-        cfg = _finetune_config(settings, _target_steps(stage, settings))
-        return finetune(init_actor, out, data=data_dir, config=cfg, sink=sink, progress=common["progress"])
-    if stage == "ewc":
-        return _continual(init_actor, data_dir, out, settings, sink, common["progress"])
-    return train_offline_algo(
-        offline_algo(settings),
-        data_dir,
-        out,
-        init_actor=init_actor,
-        constrained=settings.get("constrained", True),
-        **common,
-    )
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.sink.log(metrics, step)
+        if self.next <= step < self.steps:
+            elapsed = time.monotonic() - self.start
+            self.logger.info(
+                "%s: %d/%d steps (%d%%), %.0f s, about %.0f s left",
+                self.stage,
+                step,
+                self.steps,
+                100 * step // self.steps,
+                elapsed,
+                elapsed * (self.steps - step) / step,
+            )
+            self.next = (step * PROGRESS_LINES // self.steps + 1) * self.steps / PROGRESS_LINES
 
 
-def _finetune_config(settings: dict[str, Any], steps: int) -> Any:
-    """Constrained fine-tuning as the form asks for it (stage 3, and stage 4's online part)."""
-    from arl_models.online import FinetuneConfig
-    from arl_models.presets import get_preset
-
-    episodes = settings.get("eval_episodes")
-    return FinetuneConfig(
-        seed=settings["seed"],
-        steps=steps,
-        vector=settings.get("vector", "sync"),
-        num_envs=settings.get("num_envs", 4),
-        cost_budget=settings.get("cost_budget"),
-        eval_episodes=get_preset(settings["preset"]).eval_episodes if episodes is None else episodes,
-    )
+def _algo_params(config: Any) -> dict[str, Any]:
+    """The library config as run params; the conditioning follows the dataset's task
+    (``arl_models.offline.conditioning``), and the run's ``arl.context_dim`` tag has its value."""
+    fields = dataclasses.asdict(config)
+    return fields | ({"context_dim": "task"} if "context_dim" in fields else {})
 
 
-def _continual(
-    start: str | None, data_dir: str, out: Path, settings: dict[str, Any], sink: Any, progress: bool
-) -> dict:
-    """Stage 4: continue ``start`` on the new data with EWC over ``settings["previous"]`` (offline, then
-    constrained fine-tuning on the new version under the same penalty, as stage 3 does after stage 2, so the
-    policy it hands over is held to the budget too); measure forgetting."""
-    from arl_models.algos.ewc import EWCConfig
-    from arl_models.continual import ContinualConfig, train_continual
-    from arl_models.presets import get_preset, with_given
-
-    if start is None or not settings.get("previous"):
-        raise ValueError("the ewc stage needs the champion to continue (init_from) and its earlier datasets")
-    seed = settings["seed"]
-    online = settings.get("online_steps")
-    online = get_preset(settings["preset"]).finetune_steps if online is None else online
-    cfg = ContinualConfig(
-        seed=seed,
-        steps=_target_steps("ewc", settings),
-        ewc=with_given(EWCConfig(seed=seed), weight=settings.get("ewc_weight")),
-        rehearsal=settings.get("rehearsal", 0.0),
-        baseline=False,  # the naive baseline is the benchmark's business, not every run's
-        eval_episodes=settings["forgetting_episodes"],
-        online_steps=online,
-        finetune=_finetune_config(settings, online),
-    )
-    train_continual(
-        start, data_dir, out, previous=settings["previous"], config=cfg, sink=sink, progress=progress
-    )
-    return json.loads((out / "metrics.json").read_text())
+Train = Callable[[Path, Any, bool], dict[str, float]]
+"""A stage's library call: ``(checkpoint dir, metric sink, progress bars) -> final metrics``."""
 
 
-@task(
-    name="train_stage",
-    task_run_name="train {stage}",
-    cache_key_fn=_cache_key,
-    persist_result=True,
-    result_serializer="json",  # a cache hit reads JSON back: a persisted result is never unpickled
-    retries=0,  # training is not I/O: a retry would repeat the same failure; a killed process resumes instead
-)
-def train_stage(
-    stage: str,
+def _run_stage(
+    spec: StageSpec,
     dataset: dict[str, Any],
-    settings: dict[str, Any],
     parent_run_id: str,
     tracking_uri: str,
     runs_dir: str,
-    init_from: dict[str, Any] | None = None,
+    init_from: dict[str, Any] | None,
+    train: Train,
+    inputs: Any = None,
 ) -> dict[str, Any]:
-    """Train ``stage`` (``bc`` | ``offline`` | ``finetune`` | ``ewc``) on the pulled dataset; returns the
-    checkpoint and its metrics.
-
-    ``settings``: ``preset``, ``seed``, ``steps`` (None: the preset's), ``eval_episodes``, ``constrained``,
-    ``offline_algo`` (stage 2's: ``cql`` | ``td3bc`` | ``iql``; None: the preset's);
-    for ``ewc`` also ``ewc_weight``, ``rehearsal``, ``previous`` (the earlier versions' dataset directories, oldest first)
-    and ``forgetting_episodes``. ``init_from``: the upstream stage's result (stage 2 starts its actor from BC's,
-    fine-tuning from CQL's, EWC from the champion found by :func:`tasks.continual.earlier_versions`).
-    """
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
+    """Everything around a stage's library call: its checkpoint directory (by key), its nested MLflow run,
+    reuse of a finished checkpoint, threads, progress lines, curves; returns the stage's result."""
     logger = get_run_logger()
-    key = stage_key(stage, dataset["md5"], settings, (init_from or {}).get("key"))
-    out = checkpoint_dir(runs_dir, dataset["md5"], stage, key)
-    steps = _target_steps(stage, settings)
+    key = stage_key(spec, dataset["md5"], (init_from or {}).get("key"), inputs)
+    out = checkpoint_dir(runs_dir, dataset["md5"], spec.stage, key)
     params = {
-        **settings,
-        "steps": steps,
+        **{k: v for k, v in dataclasses.asdict(spec).items() if k != "config"},
+        **{f"algo.{k}": v for k, v in _algo_params(spec.config).items()},
         "stage_key": key,
         "checkpoint": str(out),
-        **{
-            f"algo.{k}": v
-            for k, v in library_config(stage, settings["preset"], settings.get("offline_algo"))[
-                "config"
-            ].items()
-        },
         "init_from": (init_from or {}).get("checkpoint", ""),
     }
     run_id = tracking.start_stage_run(
-        parent_run_id, stage, params=params, tags={"arl.stage_key": key}, tracking_uri=tracking_uri
+        parent_run_id, spec.stage, params=params, tags={"arl.stage_key": key}, tracking_uri=tracking_uri
     )
     try:
-        final = _finished(out, stage, steps)
+        final = _finished(out, spec.stage, spec.steps)
         if final is not None:
-            logger.info("%s: reusing the finished checkpoint %s", stage, out)
+            logger.info("%s: reusing the finished checkpoint %s", spec.stage, out)
             tracking.client(tracking_uri).set_tag(run_id, "arl.reused_checkpoint", "true")
         else:
             from arl_models.presets import apply_threads
 
-            threads = apply_threads(settings["preset"], settings.get("threads"))
+            threads = apply_threads(spec.preset, spec.threads)
             logger.info(
-                "%s: training %d steps into %s (%d torch thread%s)",
-                stage,
-                steps,
+                "%s (%s): training %d steps into %s, %d torch thread%s",
+                spec.stage,
+                spec.algo,
+                spec.steps,
                 out,
                 threads,
                 "s"[: threads > 1],
             )
             with tracking.MlflowSink(run_id, tracking_uri=tracking_uri, every=10) as sink:
-                final = _train(
-                    stage, dataset["dir"], out, settings, (init_from or {}).get("checkpoint"), sink
-                )
+                final = train(out, _ProgressLog(sink, spec.stage, spec.steps, logger), sys.stderr.isatty())
         _log_curves(run_id, out, tracking_uri)
         c = tracking.client(tracking_uri)
         from arl_models.checkpoint import read_config
@@ -285,28 +187,175 @@ def train_stage(
         tracking.end_run(run_id, "FAILED", tracking_uri=tracking_uri)
         raise
     tracking.end_run(run_id, tracking_uri=tracking_uri)
-    logger.info(
-        "%s done: %s",
-        stage,
-        {k: round(v, 3) for k, v in final.items() if k.startswith(("eval/", "train/loss", "online/cumul"))},
-    )
+    shown = ("eval/", "train/loss", "online/cumul")
+    logger.info("%s done: %s", spec.stage, {k: round(v, 3) for k, v in final.items() if k.startswith(shown)})
     here = {"path": dataset["path"], "md5": dataset["md5"]}
     return {
-        "stage": stage,
+        "stage": spec.stage,
         "key": key,
-        "chain": [*(init_from or {}).get("chain", []), here] if stage == "ewc" else [here],
+        "chain": [*(init_from or {}).get("chain", []), here] if spec.stage == "ewc" else [here],
         "checkpoint": str(out),
         "metrics": final,
         "run_id": run_id,
         "parent_run_id": parent_run_id,
-        "steps": steps,
-        "seed": settings["seed"],
+        "steps": spec.steps,
+        "seed": spec.seed,
     }
+
+
+STAGE_TASK: dict[str, Any] = {
+    "cache_key_fn": _cache_key,
+    "persist_result": True,
+    "result_serializer": "json",  # a cache hit reads JSON back: a persisted result is never unpickled
+    "retries": 0,  # training is not I/O: a retry would repeat the failure; a killed process resumes instead
+}
+
+
+@task(name="train_bc", task_run_name="train bc", **STAGE_TASK)
+def train_bc(
+    spec: StageSpec, dataset: dict[str, Any], parent_run_id: str, tracking_uri: str, runs_dir: str
+) -> dict[str, Any]:
+    """Stage 1: behaviour cloning on the pulled dataset (``arl_models.offline.train_bc``)."""
+    from arl_models.offline import train_bc as fit_bc
+
+    def train(out: Path, sink: Any, progress: bool) -> dict[str, float]:
+        return fit_bc(
+            dataset["dir"],
+            out,
+            preset=spec.preset,
+            seed=spec.seed,
+            steps=spec.steps,
+            config=spec.config,
+            sink=sink,
+            progress=progress,
+            eval_episodes=spec.eval_episodes,
+        )
+
+    return _run_stage(spec, dataset, parent_run_id, tracking_uri, runs_dir, None, train)
+
+
+@task(name="train_offline", task_run_name="train offline", **STAGE_TASK)
+def train_offline(
+    spec: StageSpec,
+    dataset: dict[str, Any],
+    parent_run_id: str,
+    tracking_uri: str,
+    runs_dir: str,
+    init_from: dict[str, Any],
+) -> dict[str, Any]:
+    """Stage 2: offline RL (``spec.algo``) with its cost critic, from stage 1's actor
+    (``arl_models.offline.train_offline_algo``)."""
+    from arl_models.offline import train_offline_algo
+
+    def train(out: Path, sink: Any, progress: bool) -> dict[str, float]:
+        return train_offline_algo(
+            spec.algo,
+            dataset["dir"],
+            out,
+            preset=spec.preset,
+            seed=spec.seed,
+            steps=spec.steps,
+            init_actor=init_from["checkpoint"],
+            constrained=spec.constrained,
+            config=spec.config,
+            sink=sink,
+            progress=progress,
+            eval_episodes=spec.eval_episodes,
+        )
+
+    return _run_stage(spec, dataset, parent_run_id, tracking_uri, runs_dir, init_from, train)
+
+
+@task(name="finetune_online", task_run_name="train finetune", **STAGE_TASK)
+def finetune_online(
+    spec: StageSpec,
+    dataset: dict[str, Any],
+    parent_run_id: str,
+    tracking_uri: str,
+    runs_dir: str,
+    init_from: dict[str, Any],
+) -> dict[str, Any]:
+    """Stage 3: constrained online fine-tuning from stage 2's policy, the dataset mixed in
+    (``arl_models.online.finetune``)."""
+    from arl_models.online import finetune
+
+    def train(out: Path, sink: Any, progress: bool) -> dict[str, float]:
+        return finetune(
+            init_from["checkpoint"],
+            out,
+            data=dataset["dir"],
+            config=spec.config,
+            sink=sink,
+            progress=progress,
+        )
+
+    return _run_stage(spec, dataset, parent_run_id, tracking_uri, runs_dir, init_from, train)
+
+
+@task(name="continue_with_ewc", task_run_name="train ewc", **STAGE_TASK)
+def continue_with_ewc(
+    spec: StageSpec,
+    dataset: dict[str, Any],
+    parent_run_id: str,
+    tracking_uri: str,
+    runs_dir: str,
+    init_from: dict[str, Any],
+    previous: list[str],
+) -> dict[str, Any]:
+    """Stage 4: the champion (``init_from``) continued on the new data under an EWC penalty over the
+    earlier versions' datasets (``previous``, oldest first), then fine-tuned online under the same penalty;
+    forgetting measured on each (``arl_models.continual.train_continual``)."""
+    from arl_models.continual import train_continual
+
+    def train(out: Path, sink: Any, progress: bool) -> dict[str, float]:
+        train_continual(
+            init_from["checkpoint"],
+            dataset["dir"],
+            out,
+            previous=previous,
+            config=spec.config,
+            sink=sink,
+            progress=progress,
+        )
+        return json.loads((out / "metrics.json").read_text())
+
+    return _run_stage(spec, dataset, parent_run_id, tracking_uri, runs_dir, init_from, train, inputs=previous)
+
+
+STAGE_VERBS = {
+    "bc": train_bc,
+    "offline": train_offline,
+    "finetune": finetune_online,
+    "ewc": continue_with_ewc,
+}
+
+
+def run_stage(
+    verb: Any,
+    spec: StageSpec,
+    dataset: dict[str, Any],
+    parent_run_id: str,
+    tracking_uri: str,
+    runs_dir: str,
+    *,
+    refresh: bool = False,
+    **inputs: Any,
+) -> dict[str, Any]:
+    """Run a stage verb (``inputs``: its ``init_from``, ``previous``), cached across pipeline runs; a cache
+    hit gets its own nested run linking the original, and is retrained when it outlived its checkpoint."""
+    args = (spec, dataset, parent_run_id, tracking_uri, runs_dir)
+    result = verb.with_options(refresh_cache=refresh or None)(*args, **inputs)
+    if result["parent_run_id"] == parent_run_id:
+        return result
+    if not (Path(result["checkpoint"]) / "config.json").is_file():
+        return verb.with_options(refresh_cache=True)(*args, **inputs)
+    return record_reused_stage(result, parent_run_id, tracking_uri)
 
 
 @task(name="record_reused_stage", retries=2, retry_delay_seconds=2, task_run_name="reuse {result[stage]}")
 def record_reused_stage(result: dict[str, Any], parent_run_id: str, tracking_uri: str) -> dict[str, Any]:
-    """A cached stage still gets its nested run in this pipeline run: final metrics and a link to the original."""
+    """A cached stage still gets its nested run in this pipeline run: final metrics and a link to the
+    original."""
     from mlflow.entities import Metric
 
     run_id = tracking.start_stage_run(
