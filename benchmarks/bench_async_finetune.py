@@ -118,9 +118,9 @@ def main() -> None:
             }
             runs[name].append(r)
             print(
-                f"{name:5s}: {wall:7.1f} s  {r['env_steps'] / wall:7.0f} env steps/s  {r['updates']:7.0f} updates "
-                f"(utd {r['updates'] / r['env_steps']:.2f})  eval return {r['eval_return']:.1f} cost {r['eval_cost']:.1f}  "
-                f"load {r['load']:.2f}",
+                f"{name:5s}: {wall:7.1f} s  {r['env_steps'] / wall:7.0f} env steps/s  "
+                f"{r['updates']:7.0f} updates (utd {r['updates'] / r['env_steps']:.2f})  "
+                f"eval return {r['eval_return']:.1f} cost {r['eval_cost']:.1f}  load {r['load']:.2f}",
                 flush=True,
             )
         results = {
@@ -132,8 +132,8 @@ def main() -> None:
         f"load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"median wall time, async / sync: {y['wall_s'] / s['wall_s']:.2f} (below 1: the asynchronous pipeline is faster); "
-        f"speed-up {s['wall_s'] / y['wall_s']:.2f}x"
+        f"median wall time, async / sync: {y['wall_s'] / s['wall_s']:.2f} "
+        f"(below 1: the asynchronous pipeline is faster); speed-up {s['wall_s'] / y['wall_s']:.2f}x"
     )
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

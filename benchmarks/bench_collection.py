@@ -117,7 +117,8 @@ def main() -> None:
     print(f"\n{a.task}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     for kind in kinds:
         print(
-            f"{kind:10s} scaling 1 -> 2 workers: {rates[f'{kind}-2'] / rates[f'{kind}-1']:.2f}x (2.00 is linear)"
+            f"{kind:10s} scaling 1 -> 2 workers: "
+            f"{rates[f'{kind}-2'] / rates[f'{kind}-1']:.2f}x (2.00 is linear)"
         )
     for kind in kinds[1:]:
         for k in (1, 2):

@@ -51,7 +51,8 @@ def main() -> None:
         "--bc-steps",
         type=int,
         default=0,
-        help="behaviour-cloning steps on version 0 whose actor starts CQL, as the pipeline does (0: CQL from scratch)",
+        help="behaviour-cloning steps on version 0 whose actor starts CQL, as the pipeline does "
+        "(0: CQL from scratch)",
     )
     p.add_argument("--cql-steps", type=int, default=3000, help="CQL steps on version 0")
     p.add_argument("--steps", type=int, default=2000, help="offline steps per new version")
@@ -72,8 +73,8 @@ def main() -> None:
     p.add_argument(
         "--context-dim",
         type=int,
-        help="trailing observation entries that FiLM-condition the networks (default: the task's, 3 on the 2.x "
-        "versions; 0: unconditioned, as before stop 21)",
+        help="trailing observation entries that FiLM-condition the networks (default: the task's, "
+        "3 on the 2.x versions; 0: unconditioned, as before stop 21)",
     )
     p.add_argument(
         "--context-lr-scale",
@@ -88,7 +89,8 @@ def main() -> None:
     p.add_argument(
         "--ewc-networks",
         nargs="+",
-        help="networks the EWC penalty holds, of actor, critic, cost_critic (default: all; the policy alone: actor)",
+        help="networks the EWC penalty holds, of actor, critic, cost_critic "
+        "(default: all; the policy alone: actor)",
     )
     p.add_argument(
         "--rehearsal",
@@ -103,7 +105,8 @@ def main() -> None:
         "--eval-every",
         type=int,
         default=0,
-        help="also evaluate both chains on every version each this many steps of a stage (curves in the JSON)",
+        help="also evaluate both chains on every version each this many steps of a stage "
+        "(curves in the JSON)",
     )
     p.add_argument(
         "--no-constraint",
@@ -117,11 +120,11 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    if (
-        a.workdir.is_dir() and any(a.workdir.iterdir()) and not a.resume
-    ):  # every stage resumes what it finds there
+    # every stage resumes what it finds there
+    if a.workdir.is_dir() and any(a.workdir.iterdir()) and not a.resume:
         p.error(
-            f"{a.workdir} already holds a run that would be resumed; pass --resume to continue it, or another --workdir"
+            f"{a.workdir} already holds a run that would be resumed; pass --resume to continue it, "
+            "or another --workdir"
         )
 
     import torch

@@ -18,10 +18,10 @@ Without ``--from``, ``--data`` and ``--cql-steps`` train the CQL start first (``
 constrained).
 
 The unconstrained baseline does not depend on the constraint's settings (gains, margin), so it is kept in
-``--baselines`` under a key of everything it does depend on (the start's weights, the data's bytes, the task, the
-seed and the other fine-tuning settings) and reused by every later run with the same key: runs that vary
-the constraint train one branch each. Runs side by side that need the same baseline train it once (a file
-lock); one interrupted resumes it.
+``--baselines`` under a key of everything it does depend on (the start's weights, the data's bytes, the
+task, the seed and the other fine-tuning settings) and reused by every later run with the same key: runs
+that vary the constraint train one branch each. Runs side by side that need the same baseline train it
+once (a file lock); one interrupted resumes it.
 """
 
 from __future__ import annotations
@@ -100,9 +100,8 @@ def _finetune(start: Path, out: Path, data: Path | None, task: str, cfg, fresh_e
     reused = finished(out, cfg.steps) is not None
     t0 = time.perf_counter()
     final = finetune(start, out, task=task, data=data, config=cfg, progress=False)
-    wall = (
-        None if reused else time.perf_counter() - t0
-    )  # a reused baseline's time is in the run that trained it
+    # a reused baseline's time is in the run that trained it
+    wall = None if reused else time.perf_counter() - t0
     rows = [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return" in r]
     best = best_selection(out)
@@ -198,11 +197,11 @@ def main() -> None:
         "unconstrained": _baseline_dir(a.baselines, start, a.data, a.task, cfg),
     }
     jobs = [(start, dirs[name], a.data, a.task, c, a.fresh_episodes) for name, c in runs.items()]
-    if (
-        dirs["constrained"].exists() and not a.resume
-    ):  # a stage resumes what its directory holds: old figures under new settings
+    # a stage resumes what its directory holds: old figures under new settings
+    if dirs["constrained"].exists() and not a.resume:
         p.error(
-            f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, or another --workdir"
+            f"{dirs['constrained']} already exists and would be resumed; pass --resume to continue it, "
+            "or another --workdir"
         )
     # the two runs side by side (executor workers may start their own env workers; Pool's may not)
     with ProcessPoolExecutor(

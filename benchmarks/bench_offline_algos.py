@@ -332,8 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["datasets"][r["data"]]["runs"].append(r)
             write()  # partial results survive an interrupted run
             print(
-                f"[{i}/{len(jobs)} {time.perf_counter() - t0:6.0f} s] {Path(r['data']).name} seed {r['seed']} "
-                f"{r['name']}: final {r['curve'][-1]['score']:.1f}, {r['train_s']:.1f} s",
+                f"[{i}/{len(jobs)} {time.perf_counter() - t0:6.0f} s] {Path(r['data']).name} "
+                f"seed {r['seed']} {r['name']}: final {r['curve'][-1]['score']:.1f}, {r['train_s']:.1f} s",
                 flush=True,
             )
     for d, entry in results["datasets"].items():

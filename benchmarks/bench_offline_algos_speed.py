@@ -7,7 +7,8 @@ alternately for several rounds, the order reversed every round, so a burst of lo
 hits all of them; the table gives each one's median and the ratio to its peer. Ours run with their cost
 critic (what the pipeline trains) and without it (d3rlpy has none).
 
-    .venv-bench/bin/python benchmarks/bench_offline_algos_speed.py --preset demo [--rounds 5] [--json out.json]
+    .venv-bench/bin/python benchmarks/bench_offline_algos_speed.py --preset demo \\
+        [--rounds 5] [--json out.json]
 """
 
 from __future__ import annotations

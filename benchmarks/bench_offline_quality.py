@@ -172,19 +172,22 @@ def summarise(task_key: str, runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
     }
     print(f"\n== {task_key}: normalised score after the same gradient steps ==")
     print(
-        f"{'seed':>5s} {'ours':>8s} {'d3rlpy':>8s} {'ours st/s':>10s} {'d3 st/s':>9s} {'ours s->d3 final':>17s} {'d3 train s':>11s}"
+        f"{'seed':>5s} {'ours':>8s} {'d3rlpy':>8s} {'ours st/s':>10s} {'d3 st/s':>9s} "
+        f"{'ours s->d3 final':>17s} {'d3 train s':>11s}"
     )
     for seed, r in rows.items():
         reach = r["ours_s_to_d3rlpy_final"]
         print(
-            f"{seed:5d} {r['final']['ours']:8.1f} {r['final']['d3rlpy']:8.1f} {r['steps_per_s']['ours']:10.1f} "
-            f"{r['steps_per_s']['d3rlpy']:9.1f} {'never' if reach is None else f'{reach:.0f}':>17s} {r['d3rlpy_train_s']:11.0f}"
+            f"{seed:5d} {r['final']['ours']:8.1f} {r['final']['d3rlpy']:8.1f} "
+            f"{r['steps_per_s']['ours']:10.1f} {r['steps_per_s']['d3rlpy']:9.1f} "
+            f"{'never' if reach is None else f'{reach:.0f}':>17s} {r['d3rlpy_train_s']:11.0f}"
         )
     sd = out["std_final"]
     reach = out["ours_mean_s_to_d3rlpy_mean_final"]
     print(
-        f" mean {mean['ours']:8.1f} {mean['d3rlpy']:8.1f}   (std {sd['ours']:.1f} / {sd['d3rlpy']:.1f}); ours' mean curve reaches "
-        f"d3rlpy's mean final score after {'never' if reach is None else f'{reach:.0f} s'} of training "
+        f" mean {mean['ours']:8.1f} {mean['d3rlpy']:8.1f}   (std {sd['ours']:.1f} / {sd['d3rlpy']:.1f}); "
+        f"ours' mean curve reaches d3rlpy's mean final score after "
+        f"{'never' if reach is None else f'{reach:.0f} s'} of training "
         f"(d3rlpy: {out['d3rlpy_mean_train_s']:.0f} s)"
     )
     return out
@@ -230,8 +233,9 @@ def main(argv: list[str] | None = None) -> dict:
             task, quality or "medium", args.data_dir, args.transitions, args.behaviour_steps
         )
         print(
-            f"{key}: {len(t)} transitions, {info.num_episodes} episodes, refs random {info.ref_random_return:.1f} / "
-            f"expert {info.ref_expert_return:.1f}; preset {args.preset} {base.hidden}"
+            f"{key}: {len(t)} transitions, {info.num_episodes} episodes, "
+            f"refs random {info.ref_random_return:.1f} / expert {info.ref_expert_return:.1f}; "
+            f"preset {args.preset} {base.hidden}"
         )
         runs = {}
         for seed in args.seeds:

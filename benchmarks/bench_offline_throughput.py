@@ -12,7 +12,8 @@ critic sees (7680x256 @ 256x256, the fused ensemble's 2 x 7936x256 @ 256x256) an
 CQL update's FLOPs are counted analytically (:func:`cql_update_flops`); their rate over the GEMM rate
 is the share of the limit reached.
 
-    .venv-bench/bin/python benchmarks/bench_offline_throughput.py [--rounds 7] [--json out.json] [--profile 30]
+    .venv-bench/bin/python benchmarks/bench_offline_throughput.py [--rounds 7] [--json out.json] \\
+        [--profile 30]
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ OBS, ACT = 11, 3
 
 # ---- the physical limit -----------------------------------------------------------------------------
 def gemm_rate(shape: tuple[int, ...], seconds: float = 1.0) -> float:
-    """float32 GFLOP/s of ``torch.mm`` (m, k, n) or ``torch.bmm`` (e, m, k, n), timed for about ``seconds``."""
+    """float32 GFLOP/s of ``torch.mm`` (m, k, n) or ``torch.bmm`` (e, m, k, n), timed for about
+    ``seconds``."""
     if len(shape) == 3:
         m, k, n = shape
         a, b = torch.randn(m, k), torch.randn(k, n)
@@ -333,7 +335,8 @@ def report(r: dict) -> None:
     )
     c = r["cql"]
     print(
-        f"\nCQL ({r['config']['preset']} shapes), {c['flops_per_step']['total'] / 1e9:.2f} GFLOP/step (analytic)"
+        f"\nCQL ({r['config']['preset']} shapes), "
+        f"{c['flops_per_step']['total'] / 1e9:.2f} GFLOP/step (analytic)"
     )
     print(f"{'':18s} {'steps/s':>9s} {'rounds':>40s}")
     for k, v in c["steps_per_s"].items():
@@ -348,11 +351,13 @@ def report(r: dict) -> None:
     print(f"ratio ours/d3rlpy (sample + update): {c['ratio']:.2f}x float32, {bf16_text}   (target >= 1.3x)")
     u = c["update_only_steps_per_s"]
     print(
-        f"update only: ours {u['ours']:.2f}, d3rlpy {u['d3rlpy']:.2f} steps/s, ratio {c['update_only_ratio']:.2f}x"
+        f"update only: ours {u['ours']:.2f}, d3rlpy {u['d3rlpy']:.2f} steps/s, "
+        f"ratio {c['update_only_ratio']:.2f}x"
     )
     print(f"batch sampling: ours {c['sample_ms']['ours']:.3f} ms, d3rlpy {c['sample_ms']['d3rlpy']:.2f} ms")
     print(
-        f"achieved: ours {c['ours_gflops']:.1f} GFLOP/s, d3rlpy {c['d3rlpy_gflops']:.1f} GFLOP/s (same FLOP count)"
+        f"achieved: ours {c['ours_gflops']:.1f} GFLOP/s, d3rlpy {c['d3rlpy_gflops']:.1f} GFLOP/s "
+        "(same FLOP count)"
     )
     print(
         "ours' share of GEMM rate: "
@@ -360,8 +365,8 @@ def report(r: dict) -> None:
     )
     b = r["bc"]
     print(
-        f"\nBC (gaussian, {r['config']['preset']} shapes, batch 256): ours {b['steps_per_s']['ours']:.1f}, d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, "
-        f"ratio {b['ratio']:.2f}x   (target >= 3x)"
+        f"\nBC (gaussian, {r['config']['preset']} shapes, batch 256): ours {b['steps_per_s']['ours']:.1f}, "
+        f"d3rlpy {b['steps_per_s']['d3rlpy']:.1f} steps/s, ratio {b['ratio']:.2f}x   (target >= 3x)"
     )
     print(
         "ours' share of GEMM rate: "

@@ -47,7 +47,10 @@ def _create_mlflow_store() -> float:
     import sys
 
     t0 = time.perf_counter()
-    code = "import os; from mlflow import MlflowClient; MlflowClient(os.environ['MLFLOW_TRACKING_URI']).search_experiments()"
+    code = (
+        "import os; from mlflow import MlflowClient; "
+        "MlflowClient(os.environ['MLFLOW_TRACKING_URI']).search_experiments()"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return time.perf_counter() - t0
 

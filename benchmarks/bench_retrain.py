@@ -1,4 +1,5 @@
-"""Benchmark: retraining on a new data version at the pipeline's defaults, against training from scratch on it.
+"""Benchmark: retraining on a new data version at the pipeline's defaults, against training from scratch
+on it.
 
 Each cell, in fresh state directories (``ARL_HOME``), with the ``arl`` commands a user runs:
 
@@ -115,9 +116,11 @@ def main() -> None:
             r = cell(root, base, new, seed)
             rows.append(r)
             print(
-                f"{base} -> {new} seed {seed}: retrain {r['retrain']['score']:.1f} ({r['retrain']['verdict']}, "
-                f"forgetting {r['retrain']['forgetting']}), scratch {r['scratch']['score']:.1f}, ratio "
-                f"{r['score_ratio'] if r['score_ratio'] is None else round(r['score_ratio'], 2)}, wall x{r['wall_ratio']:.2f}"
+                f"{base} -> {new} seed {seed}: retrain {r['retrain']['score']:.1f} "
+                f"({r['retrain']['verdict']}, forgetting {r['retrain']['forgetting']}), "
+                f"scratch {r['scratch']['score']:.1f}, ratio "
+                f"{r['score_ratio'] if r['score_ratio'] is None else round(r['score_ratio'], 2)}, "
+                f"wall x{r['wall_ratio']:.2f}"
                 f"\n  {r['retrain']['reason']}",
                 flush=True,
             )

@@ -125,8 +125,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"{preset:5s} busy {load}/{cores}: 1 thread {one:7.1f} steps/s, {cores} threads {default:7.1f} "
-                    f"steps/s, ratio x{one / default:.2f}",
+                    f"{preset:5s} busy {load}/{cores}: 1 thread {one:7.1f} steps/s, "
+                    f"{cores} threads {default:7.1f} steps/s, ratio x{one / default:.2f}",
                     flush=True,
                 )
     if args.json:

@@ -69,7 +69,8 @@ def behaviour(env_id: str, steps: int, seed: int, cache: Path, replay_out: Path 
 
 
 def rollout(model, env_id: str, transitions: int, noise: float, seed: int) -> dict[str, np.ndarray]:
-    """``transitions`` steps of the behaviour's deterministic action plus N(0, noise), clipped to the bounds."""
+    """``transitions`` steps of the behaviour's deterministic action plus N(0, noise), clipped to the
+    bounds."""
     env = gym.make(env_id)
     rng = np.random.default_rng(seed)
     low, high = env.action_space.low, env.action_space.high

@@ -61,7 +61,8 @@ from arl_models.data.dataset import Transitions
 def random_transitions(
     n: int, obs_dim: int, act_dim: int, episode_len: int = 1000, seed: int = 0
 ) -> Transitions:
-    """Random but fixed data: Gaussian observations, uniform actions in [-1, 1], episodes ending by time-out."""
+    """Random but fixed data: Gaussian observations, uniform actions in [-1, 1], episodes ending by
+    time-out."""
     rng = np.random.default_rng(seed)
     obs = rng.standard_normal((n + 1, obs_dim)).astype(np.float32)
     episode_id = np.arange(n) // episode_len
@@ -193,7 +194,8 @@ def d3rlpy_bc(
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
 ) -> Any:
-    """d3rlpy's BC; ``stochastic`` is the Gaussian log-likelihood (our ``gaussian``), else ``deterministic``."""
+    """d3rlpy's BC; ``stochastic`` is the Gaussian log-likelihood (our ``gaussian``), else
+    ``deterministic``."""
     import d3rlpy
 
     cfg = d3rlpy.algos.BCConfig(

@@ -25,12 +25,10 @@ def test_the_budget_is_not_the_limit_of_a_discounted_value():
     info = pendulum_info()  # budget 12, 200-step episodes
     assert cql_cost_limit(info, 0.99) == pytest.approx(12.0 / 200 * (1 - 0.99**200) / 0.01)
     assert cql_cost_limit(info, 0.99) < 0.5 * info.cost_budget
-    assert cql_cost_limit(info, 0.99, 1000) == pytest.approx(
-        0.1 * info.cost_budget, rel=1e-3
-    )  # hopper's horizon
-    assert cql_cost_limit(info, 0.0) == pytest.approx(
-        info.cost_budget / 200
-    )  # undiscounted: one step's share
+    # hopper's horizon
+    assert cql_cost_limit(info, 0.99, 1000) == pytest.approx(0.1 * info.cost_budget, rel=1e-3)
+    # undiscounted: one step's share
+    assert cql_cost_limit(info, 0.0) == pytest.approx(info.cost_budget / 200)
 
 
 def _paying(costs_per_episode: list[list[int]], length: int = 200):
@@ -56,9 +54,8 @@ def test_data_within_budget_that_pay_early_raise_the_limit_to_what_they_pay():
     assert cql_cost_limit(info, 0.99, data=early) == pytest.approx(paid.mean())
     late = _paying([list(range(188, 200))] * 2)  # within budget, paid late: the even spread stays the limit
     assert cql_cost_limit(info, 0.99, data=late) == pytest.approx(uniform)
-    over = _paying(
-        [list(range(40))] * 2
-    )  # no episode meets the budget: the cheapest tenth's cost, and a warning
+    # no episode meets the budget: the cheapest tenth's cost, and a warning
+    over = _paying([list(range(40))] * 2)
     with pytest.warns(InfeasibleBudgetWarning, match="no episode of the dataset meets the cost budget 12"):
         assert cql_cost_limit(info, 0.99, data=over) == pytest.approx(over.episode_costs(0.99).min())
 

@@ -34,6 +34,9 @@ def test_arl_models_imports_no_orchestration():
 
 def test_cli_help_is_fast_and_lazy():
     """`arl --help` must not pull in torch, mlflow or great_expectations."""
-    code = "import sys, arl_cli.main; print(sorted(m for m in ('torch','mlflow','great_expectations','prefect') if m in sys.modules))"
+    code = (
+        "import sys, arl_cli.main; "
+        "print(sorted(m for m in ('torch','mlflow','great_expectations','prefect') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -122,7 +122,8 @@ def test_tree_update_recomputes_ancestors_like_a_rebuild():
 
 def reference_sum(ch: np.ndarray) -> np.ndarray:
     """The kernels' reduction of children ``(k, n)``, vectorised over ``n``: four running sums over the
-    children ``c = q (mod 4)``, the ``k mod 4`` last children added to the first, then ``(s0 + s1) + (s2 + s3)``."""
+    children ``c = q (mod 4)``, the ``k mod 4`` last children added to the first, then
+    ``(s0 + s1) + (s2 + s3)``."""
     k = len(ch)
     lanes = [np.zeros(ch.shape[1]) for _ in range(4)]
     for c in range(k - k % 4):
@@ -223,9 +224,8 @@ def test_duplicate_indices_in_one_update():
     per = filled(10, PERConfig(alpha=1.0, eps=1e-9))
     per.update_priorities(torch.tensor([3, 3, 5, 3]), torch.tensor([1.0, 4.0, -2.0, 0.5]))
     leaves = per.tree.leaves[:10]
-    assert leaves[3] == pytest.approx(4.0) and leaves[5] == pytest.approx(
-        2.0
-    )  # largest |TD| wins; sign ignored
+    # largest |TD| wins; sign ignored
+    assert leaves[3] == pytest.approx(4.0) and leaves[5] == pytest.approx(2.0)
     assert leaves[0] == 1.0  # untouched items keep the initial max priority
     assert per.tree.total() == pytest.approx(leaves.sum(), rel=1e-12)
     assert per.max_priority == pytest.approx(4.0)

@@ -67,9 +67,8 @@ def run_loop(
 
 def test_starved_learner_adds_workers_up_to_max_then_stops():
     t = RateTargets(max_workers=5, max_utd=2.0)
-    hist = run_loop(
-        RateTuner(t), workers=1, utd=1.0, n=60, learner=1e9, envs_per_worker=2
-    )  # the learner always waits
+    # the learner always waits
+    hist = run_loop(RateTuner(t), workers=1, utd=1.0, n=60, learner=1e9, envs_per_worker=2)
     workers = [d.num_workers for _, d in hist]
     assert workers == sorted(workers) and max(workers) == 5  # only ever adds, up to the limit
     first_max = workers.index(5)
@@ -79,9 +78,8 @@ def test_starved_learner_adds_workers_up_to_max_then_stops():
     assert not any(d.changed for _, d in hist[-10:])  # then it stops
     assert all(d.bottleneck == "env" for _, d in hist)
     changed = [d.changed for _, d in hist]
-    assert not any(
-        a and b for a, b in zip(changed, changed[1:], strict=False)
-    )  # the first reading of a setting settles
+    # the first reading of a setting settles
+    assert not any(a and b for a, b in zip(changed, changed[1:], strict=False))
     assert "workers and utd at their maxima" in hist[-1][1].reason
 
 
@@ -116,7 +114,8 @@ def test_noisy_readings_around_target_do_not_oscillate():
     noisy = [reading(ratio=1.5 * (1 + 0.06 * rng.standard_normal())) for _ in range(300)]
     damped = RateTuner()
     assert sum(damped.observe(r).changed for r in noisy) == 0
-    # the same readings without smoothing, deadband or settling would keep flipping: the damping is what holds it
+    # the same readings without smoothing, deadband or settling would keep flipping: the damping is
+    # what holds it
     raw = RateTuner(RateTargets(deadband=0.0, ema=1.0, settle_intervals=0))
     assert sum(raw.observe(r).changed for r in noisy) > 50
 

@@ -1,4 +1,5 @@
-"""Environment workers: processes and Ray actors give the same data; a dead worker is replaced, nothing twice."""
+"""Environment workers: processes and Ray actors give the same data; a dead worker is replaced, nothing
+twice."""
 
 from __future__ import annotations
 

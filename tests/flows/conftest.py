@@ -67,13 +67,6 @@ def prefect_server() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def demo_version(prefect_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A tiny valid safe-pendulum dataset imported, validated and versioned by ``ingest_flow``."""
-    from flow_data import write_pendulum
+    from flow_data import ingest_pendulum
 
-    from flows.ingest import ingest_flow
-    from flows.params import IngestSource
-
-    src = write_pendulum(tmp_path_factory.mktemp("src") / "tiny")
-    return ingest_flow(
-        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="tiny"),
-        emit_event=False,
-    )
+    return ingest_pendulum(tmp_path_factory.mktemp("src") / "tiny")

@@ -70,3 +70,16 @@ def write_pendulum(
         t.policy_hash = t.policy_hash.copy()
         t.policy_hash[:7] = "NOT-A-HASH"
     return write_dataset(path, t, pendulum_info())
+
+
+def ingest_pendulum(path: Path, **kw) -> dict[str, str]:
+    """:func:`write_pendulum` (``kw`` its options) imported, validated and versioned by ``ingest_flow`` under
+    the folder's name; returns the flow's version (``path``, ``md5``)."""
+    from flows.ingest import ingest_flow
+    from flows.params import IngestSource
+
+    src = write_pendulum(path, **kw)
+    return ingest_flow(
+        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name=path.name),
+        emit_event=False,
+    )

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from flow_data import GATE, TINY, write_pendulum
+from stack_support import ROOT
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 RUN = """
 import json, os, sys, time
 from pathlib import Path
@@ -21,7 +21,8 @@ from flows.ingest import ingest_flow
 from flows.offline_to_online import offline_to_online_flow
 from flows.params import DatasetRef, GateConfig, IngestSource, TrainingConfig
 
-source, training, gate, barrier = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), Path(sys.argv[4])
+source, training, gate = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+barrier = Path(sys.argv[4])
 (barrier / str(os.getpid())).touch()
 while len(list(barrier.iterdir())) < 2:  # both processes start their flows together
     time.sleep(0.01)

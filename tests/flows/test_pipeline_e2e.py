@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_data import GATE, TINY
+from flow_data import GATE, TINY, ingest_pendulum
 
 from arl_models.presets import get_preset
 from flows.offline_to_online import offline_to_online_flow
@@ -118,9 +118,8 @@ def test_the_gate_judges_and_the_registry_serves_what_fine_tuning_hands_over(dem
     mlflow.set_tracking_uri(_uri())
     version = result["versions"][-1]
     assert version["stage"] == "finetune"
-    for other in result["versions"][
-        :-1
-    ]:  # the stages' policies registered beside the candidate are not gated
+    # the stages' policies registered beside the candidate are not gated
+    for other in result["versions"][:-1]:
         tags = tracking.client(_uri()).get_model_version(MODEL, other["version"]).tags
         assert (
             tags["arl.promotion"] == "not gated"
@@ -216,6 +215,11 @@ def test_a_failed_and_retried_run_reuses_the_finished_stages(
     with pytest.raises(ConnectionError):
         _run(demo_version, seed=7)
     assert calls == {"bc": 1, "offline": 1, "evaluate": 1}
+    failed = tracking.client(_uri()).search_runs(
+        [tracking.client(_uri()).get_experiment_by_name("arl-safe-pendulum").experiment_id],
+        filter_string="attributes.status = 'FAILED' and tags.`arl.failed_stage` = 'evaluate'",
+    )
+    assert failed and "simulated: the evaluation environment went away" in failed[0].data.tags["arl.error"]
 
     retried = _run(demo_version, seed=7)
     assert calls == {"bc": 1, "offline": 1, "evaluate": 2}  # stages 1 and 2 were not retrained
@@ -239,11 +243,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     import json
     import math
 
-    from flow_data import write_pendulum
-
     from arl_models.algos.ewc import EWCConfig
-    from flows.ingest import ingest_flow
-    from flows.params import IngestSource
 
     if registry.alias_version(MODEL, "champion", tracking_uri=_uri()) is None:
         _run(demo_version)
@@ -252,11 +252,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     chain_before = json.loads(champion.tags["arl.dataset_chain"])
     assert demo_version["md5"] in {v["md5"] for v in chain_before}
 
-    src = write_pendulum(tmp_path / "second", seed=5)
-    new = ingest_flow(
-        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="second"),
-        emit_event=False,
-    )
+    new = ingest_pendulum(tmp_path / "second", seed=5)
     result = _run(new, training={"rehearsal": 0.5, "eval_episodes": 2}, max_forgetting=1e9)
 
     # stage 4 ran from the champion, over the versions the champion had learned, rehearsing them
@@ -267,17 +263,17 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     continual_config = json.loads((offline_part / "config.json").read_text())["continual_config"]
     assert continual_config["online_steps"] == TINY["finetune_steps"]
     assert continual_config["rehearsal"] == 0.5
-    assert (
-        continual_config["ewc"]["weight"] == EWCConfig.weight
-    )  # the form's empty weight: the library's default
+    # the form's empty weight: the library's default
+    assert continual_config["ewc"]["weight"] == EWCConfig.weight
     forgetting = ewc["metrics"]["continual/ewc_mean_forgetting"]
     assert math.isfinite(forgetting)
     run = _children(result["run_id"])["ewc"]
     assert run.data.params["init_from"] == c.get_run(champion.run_id).data.params["checkpoint"]
     assert "continual/ewc_new_score" in run.data.metrics
 
-    # the gate judged the candidate the retraining rule named, its forgetting included (within bounds this
-    # wide, the better new-version score of EWC's and fine-tuning's); EWC's chain names every version it learned
+    # the gate judged the candidate the retraining rule named, its forgetting included (within bounds
+    # this wide, the better new-version score of EWC's and fine-tuning's); EWC's chain names every
+    # version it learned
     gated = c.get_model_version(MODEL, result["decision"]["version"])
     chosen = gated.tags["arl.stage"]
     assert chosen in ("ewc", "finetune") and result["decision"]["reason"].startswith(
@@ -328,18 +324,9 @@ def test_a_retraining_run_hands_the_gate_the_candidate_its_rule_names(
 ) -> None:
     """With no forgetting allowed, EWC's policy gives way unless it forgets nothing; whichever the rule
     names is the version gated, with the forgetting measured for it."""
-    from flow_data import write_pendulum
-
-    from flows.ingest import ingest_flow
-    from flows.params import IngestSource
-
     if registry.alias_version(MODEL, "champion", tracking_uri=_uri()) is None:
         _run(demo_version)
-    src = write_pendulum(tmp_path / "third", seed=9)
-    new = ingest_flow(
-        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="third"),
-        emit_event=False,
-    )
+    new = ingest_pendulum(tmp_path / "third", seed=9)
     result = _run(new, max_forgetting=0.0)
     reason = result["decision"]["reason"]
     mv = tracking.client(_uri()).get_model_version(MODEL, result["decision"]["version"])
@@ -357,16 +344,7 @@ def test_a_retraining_run_hands_the_gate_the_candidate_its_rule_names(
 def test_a_diverging_stage_hands_the_gate_the_last_good_policy(demo_version: dict, tmp_path: Path) -> None:
     """Rewards of 1e12 are finite (they pass validation) but run stage 2's critic away at once: the run
     stops training, registers only what was good, and gates BC's policy, saying why."""
-    from flow_data import write_pendulum
-
-    from flows.ingest import ingest_flow
-    from flows.params import IngestSource
-
-    src = write_pendulum(tmp_path / "huge", reward_scale=1e12)
-    new = ingest_flow(
-        IngestSource(kind="import", task="safe-pendulum", source=str(src), format="arl", name="huge-rewards"),
-        emit_event=False,
-    )
+    new = ingest_pendulum(tmp_path / "huge-rewards", reward_scale=1e12)
     result = _run(new, model_name="arl-diverging")
     assert list(result["stages"]) == ["bc"]
     assert [v["stage"] for v in result["versions"]] == ["bc"]
@@ -375,3 +353,6 @@ def test_a_diverging_stage_hands_the_gate_the_last_good_policy(demo_version: dic
     assert "the gate judges bc: " in reason
     offline = _children(result["run_id"])["offline"]
     assert offline.info.status == "FAILED"
+    parent = tracking.client(_uri()).get_run(result["run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["arl.diverged_stage"] == "offline"
+    assert "arl.failed_stage" not in parent.data.tags

@@ -7,27 +7,19 @@ written), then given tiny training parameters; a ``prefect worker`` subprocess e
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from flow_data import GATE, TINY
+from stack_support import ROOT, process_group, run, venv_exe
 
 from tasks import tracking
 from tasks.settings import state_paths
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "retrain-on-new-data/retrain-on-new-data"
 TIMEOUT_S = 300
-
-
-def _prefect(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    exe = str(Path(sys.executable).with_name("prefect"))
-    return subprocess.run([exe, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
 @pytest.fixture(scope="module")
@@ -42,38 +34,17 @@ def worker(prefect_server: str, demo_version: dict, tmp_path_factory: pytest.Tem
         "PWD": str(ROOT),
         "PREFECT_WORKER_QUERY_SECONDS": "2",
     }
-    created = _prefect("work-pool", "create", "local", "--type", "process", "--overwrite", env=env)
+    created = run("prefect", "work-pool", "create", "local", "--type", "process", "--overwrite", env=env)
     assert created.returncode == 0, created.stdout + created.stderr
-    deployed = _prefect("--no-prompt", "deploy", "--name", "retrain-on-new-data", env=env)
+    deployed = run("prefect", "--no-prompt", "deploy", "--name", "retrain-on-new-data", env=env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(DEPLOYMENT)
         client.update_deployment(dep.id, DeploymentUpdate(parameters={"training": TINY, "gate": GATE}))
     log = tmp_path_factory.mktemp("worker") / "worker.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("prefect")),
-                "worker",
-                "start",
-                "--pool",
-                "local",
-                "--type",
-                "process",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    yield dep, log
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    command = [venv_exe("prefect"), "worker", "start", "--pool", "local", "--type", "process"]
+    with process_group(command, log, env=env):
+        yield dep, log
 
 
 def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(worker, tmp_path: Path) -> None:
@@ -97,9 +68,9 @@ def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(wor
                 break
             time.sleep(2)
     assert runs, f"no run was triggered within {TIMEOUT_S} s; worker log:\n{log.read_text()[-3000:]}"
-    (run,) = runs
-    assert run.state.is_completed(), f"{run.state}; worker log:\n{log.read_text()[-3000:]}"
-    assert run.parameters["dataset"] == {"path": "pushed", "version": version["md5"]}
+    (flow_run,) = runs
+    assert flow_run.state.is_completed(), f"{flow_run.state}; worker log:\n{log.read_text()[-3000:]}"
+    assert flow_run.parameters["dataset"] == {"path": "pushed", "version": version["md5"]}
 
     c = tracking.client(state_paths().mlflow_uri)
     trained = c.search_model_versions("name = 'arl-safe-pendulum'")
