@@ -14,11 +14,12 @@ import pytest
 from flow_data import GATE, TINY
 from stack_support import ROOT, process_group, run, venv_exe
 
-from tasks import tracking
+from tasks import registry, tracking
 from tasks.settings import state_paths
 
 pytestmark = pytest.mark.e2e
 DEPLOYMENT = "retrain-on-new-data/retrain-on-new-data"
+MODEL = "arl-safe-pendulum"
 TIMEOUT_S = 300
 
 
@@ -47,14 +48,25 @@ def worker(prefect_server: str, demo_version: dict, tmp_path_factory: pytest.Tem
         yield dep, log
 
 
-def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(worker, tmp_path: Path) -> None:
+def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(
+    worker, demo_version: dict, tmp_path: Path
+) -> None:
     from flow_data import write_pendulum
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     from arl_cli.pipeline import push_dataset
+    from flows.offline_to_online import offline_to_online_flow
+    from flows.params import DatasetRef, GateConfig, TrainingConfig
 
     dep, log = worker
+    # a champion first, so that the pushed version is new data to it: the run continues it (stage 4)
+    if registry.alias_version(MODEL, registry.CHAMPION, tracking_uri=state_paths().mlflow_uri) is None:
+        offline_to_online_flow(
+            DatasetRef(path=demo_version["path"], version=demo_version["md5"]),
+            TrainingConfig(**TINY),
+            GateConfig(**GATE),
+        )
     src = write_pendulum(tmp_path / "pushed", seed=3)
     version = push_dataset(src, state_paths().data_repo)
 
@@ -73,5 +85,15 @@ def test_pushing_a_version_triggers_a_retraining_run_that_a_worker_completes(wor
     assert flow_run.parameters["dataset"] == {"path": "pushed", "version": version["md5"]}
 
     c = tracking.client(state_paths().mlflow_uri)
-    trained = c.search_model_versions("name = 'arl-safe-pendulum'")
+    trained = c.search_model_versions(f"name = '{MODEL}'")
     assert any(v.tags.get("arl.dataset_hash") == version["md5"] for v in trained)
+    # the run continued the champion on the new data, and the gate judged the candidate the retraining rule
+    # named, saying which and why; the worker's log shows each stage
+    gated = [
+        v for v in trained if v.tags.get("arl.dataset_hash") == version["md5"] and "arl.promotion" in v.tags
+    ]
+    (judged,) = [v for v in gated if v.tags["arl.promotion"] in (registry.CHAMPION, registry.CHALLENGER)]
+    assert judged.tags["arl.stage"] in ("ewc", "finetune")
+    assert judged.tags["arl.promotion.reason"].startswith(f"candidate {judged.tags['arl.stage']}: ")
+    worker_log = log.read_text()
+    assert all(f"stage {s} (" in worker_log for s in ("bc", "offline", "finetune", "ewc")), worker_log[-3000:]
