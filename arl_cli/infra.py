@@ -20,6 +20,8 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from arl_cli.common import App
+
 INFRA_DIR = Path(__file__).resolve().parent.parent / "infra"
 TEMPLATE_DIRS = ("k8s", "helm", "prefect")
 TF_OUTPUTS = ("ecr_repository_url", "db_address", "db_port", "db_master_secret_arn")
@@ -146,10 +148,7 @@ def pending_outputs(paths: list[Path]) -> list[str]:
     return sorted(found)
 
 
-app = typer.Typer(
-    help="Cluster infrastructure: render the Terraform, Kubernetes, Helm and Prefect templates.",
-    no_args_is_help=True,
-)
+app = App(help="Cluster infrastructure: render the Terraform, Kubernetes, Helm and Prefect templates.")
 
 
 @app.callback()
@@ -166,7 +165,7 @@ def render_cmd(
     terraform_outputs: Annotated[
         Path | None,
         typer.Option(
-            "--terraform-outputs", help="`terraform output -json` saved to a file (after terraform apply)."
+            "--terraform-outputs", help="The output of terraform output -json, saved to a file (after apply)."
         ),
     ] = None,
 ) -> None:

@@ -2,21 +2,24 @@
 compare runs.
 
 State lives under ``.arl/`` (or ``$ARL_HOME``); see :mod:`tasks.settings`. Heavy imports happen inside the
-commands.
+commands. ``arl pipeline run`` passes the flow only the settings given on its command line, so the flow's
+own defaults (its parameter models, ``tasks.registry.GATE``) hold for the others.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(
-    help="The orchestrated pipeline: run it, serve it (up/down), push data, compare runs.",
-    no_args_is_help=True,
-)
+from arl_cli import compare
+from arl_cli.common import App
+from arl_cli.defaults import library
+
+app = App(help="The orchestrated pipeline: run it, serve it (up/down), push data, compare runs.")
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -56,61 +59,148 @@ def _safe_dataset_name(name: str) -> None:
         raise typer.Exit(2) from None
 
 
+TRAINING_OPTIONS = {
+    "preset": "preset",
+    "seed": "seed",
+    "bc_steps": "bc_steps",
+    "offline_algo": "offline_algo",
+    "offline_steps": "offline_steps",
+    "finetune_steps": "finetune_steps",
+    "finetune_envs": "finetune_envs",
+    "finetune_vector": "finetune_vector",
+    "continual_steps": "continual_steps",
+    "eval_episodes": "eval_episodes",
+    "threads": "threads",
+}
+"""Option of ``arl pipeline run`` -> the field of the flow's ``TrainingConfig`` it sets."""
+GATE_OPTIONS = {
+    "gate_episodes": "eval_episodes",
+    "gate_seed": "eval_seed",
+    "tolerance": "tolerance",
+    "cost_budget": "cost_budget",
+    "max_forgetting": "max_forgetting",
+}
+"""Option of ``arl pipeline run`` -> the field of the flow's ``GateConfig`` it sets."""
+
+
+def given(options: Mapping[str, Any], fields: Mapping[str, str]) -> dict[str, Any]:
+    """The flow fields of the options given (not None): the flow's own defaults hold for the others."""
+    return {field: options[option] for option, field in fields.items() if options[option] is not None}
+
+
+_GATE = library("tasks.registry", "GATE")
+
+RunTask = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        "-t",
+        help="Task whose demo dataset is made when --dataset is not given (default: the flow's).",
+    ),
+]
+RunDataset = Annotated[
+    str | None,
+    typer.Option(
+        help="Dataset path inside the data repo (default: the task's demo dataset, made if missing)."
+    ),
+]
+RunVersion = Annotated[str | None, typer.Option(help="DVC hash or git rev of the dataset (default: latest).")]
+RunPreset = Annotated[
+    str | None,
+    typer.Option(help="demo (minutes on 2 cores) | paper (d3rlpy/CORL sizes); default: the flow's."),
+]
+RunSeed = Annotated[int | None, typer.Option(help="Random seed of every stage (default: the flow's).")]
+BcSteps = Annotated[int | None, typer.Option(help="BC gradient steps (default: the preset's).")]
+OfflineAlgo = Annotated[
+    str | None, typer.Option(help="Stage 2's algorithm: cql | td3bc | iql (default: the preset's).")
+]
+OfflineSteps = Annotated[int | None, typer.Option(help="Stage 2's gradient steps (default: the preset's).")]
+FinetuneSteps = Annotated[
+    int | None,
+    typer.Option(help="Fine-tuning environment steps (default: the preset's; 0 skips the stage)."),
+]
+FinetuneEnvs = Annotated[
+    int | None, typer.Option(help="Parallel environments during fine-tuning (default: the library's).")
+]
+FinetuneVector = Annotated[
+    str | None,
+    typer.Option(
+        help="Fine-tuning's environments: async (worker processes) | sync (in the learner's process); "
+        "default: the library's."
+    ),
+]
+ContinualSteps = Annotated[
+    int | None,
+    typer.Option(
+        help="EWC gradient steps, run when the champion learned other data versions (default: the "
+        "preset's; 0 skips the stage)."
+    ),
+]
+EvalEpisodes = Annotated[
+    int | None, typer.Option(help="Evaluation episodes during training (default: the preset's).")
+]
+Threads = Annotated[
+    int | None, typer.Option(help="torch threads of each stage's learner (default: the preset's).")
+]
+GateEpisodes = Annotated[
+    int | None,
+    typer.Option(
+        help="Episodes of the gate's evaluation, from fixed starts (default: the gate's, "
+        f"{_GATE.eval_episodes})."
+    ),
+]
+GateSeed = Annotated[
+    int | None,
+    typer.Option(help=f"Seed of the gate's evaluation starts (default: the gate's, {_GATE.eval_seed})."),
+]
+Tolerance = Annotated[
+    float | None,
+    typer.Option(
+        help="Normalised score points the new policy may trail the champion by (default: the gate's, "
+        f"{_GATE.tolerance:g})."
+    ),
+]
+CostBudget = Annotated[
+    float | None, typer.Option(help="Mean episode cost the gate allows (default: the task's budget).")
+]
+MaxForgetting = Annotated[
+    float | None,
+    typer.Option(
+        help="Score the policy may lose on earlier data versions, stage 4 (default: the gate's, "
+        f"{_GATE.max_forgetting:g})."
+    ),
+]
+Refresh = Annotated[bool, typer.Option(help="Retrain stages even when a finished result is cached.")]
+
+
 @app.command("run")
 def run_cmd(
-    task: Annotated[
-        str,
-        typer.Option("--task", "-t", help="Task; its demo dataset is generated when --dataset is not given."),
-    ] = "safe-pendulum",
-    preset: Annotated[str, typer.Option(help="demo | paper")] = "demo",
-    dataset: Annotated[
-        str | None,
-        typer.Option(
-            help="Dataset path inside the data repo (default: <task>-medium-replay, generated if missing)."
-        ),
-    ] = None,
-    version: Annotated[
-        str | None, typer.Option(help="DVC hash or git rev of the dataset (default: latest).")
-    ] = None,
-    seed: int = 0,
-    bc_steps: Annotated[int | None, typer.Option(help="BC steps (preset default if unset).")] = None,
-    offline_algo: Annotated[
-        str | None, typer.Option(help="Stage 2's algorithm: cql | td3bc | iql (default: the preset's).")
-    ] = None,
-    offline_steps: Annotated[
-        int | None, typer.Option(help="Stage 2's gradient steps (preset default if unset).")
-    ] = None,
-    finetune_steps: Annotated[
-        int | None,
-        typer.Option(help="Online fine-tuning env steps (preset default if unset; 0 skips the stage)."),
-    ] = None,
-    continual_steps: Annotated[
-        int | None,
-        typer.Option(
-            help="EWC steps when the champion learned other data versions (preset default; 0 skips)."
-        ),
-    ] = None,
-    eval_episodes: Annotated[int | None, typer.Option(help="Evaluation episodes during training.")] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="torch threads of each stage's learner (default: the preset's, 1).")
-    ] = None,
-    gate_episodes: Annotated[
-        int,
-        typer.Option(
-            help="Episodes of the final evaluation (fewer starts decide a mean cost: see GateConfig)."
-        ),
-    ] = 50,
-    cost_budget: Annotated[
-        float | None, typer.Option(help="Gate's cost budget (default: the task's).")
-    ] = None,
-    max_forgetting: Annotated[
-        float, typer.Option(help="Gate's bound on the score lost on earlier data versions (stage 4).")
-    ] = 10.0,
-    refresh: Annotated[
-        bool, typer.Option(help="Retrain stages even when a finished result is cached.")
-    ] = False,
+    ctx: typer.Context,
+    task: RunTask = None,
+    dataset: RunDataset = None,
+    version: RunVersion = None,
+    preset: RunPreset = None,
+    seed: RunSeed = None,
+    bc_steps: BcSteps = None,
+    offline_algo: OfflineAlgo = None,
+    offline_steps: OfflineSteps = None,
+    finetune_steps: FinetuneSteps = None,
+    finetune_envs: FinetuneEnvs = None,
+    finetune_vector: FinetuneVector = None,
+    continual_steps: ContinualSteps = None,
+    eval_episodes: EvalEpisodes = None,
+    threads: Threads = None,
+    gate_episodes: GateEpisodes = None,
+    gate_seed: GateSeed = None,
+    tolerance: Tolerance = None,
+    cost_budget: CostBudget = None,
+    max_forgetting: MaxForgetting = None,
+    refresh: Refresh = False,
 ) -> None:
-    """Run the whole pipeline once, in this process: (generate,) version -> validate -> BC -> offline RL -> fine-tuning -> [EWC] -> evaluate -> register -> gate."""
+    """Run the whole pipeline once, in this process, from the data to the promotion gate.
+
+    The stages: (make the demo dataset,) version, validate, BC, offline RL, fine-tuning, EWC, evaluate, gate.
+    """
     if dataset is not None:
         _safe_dataset_name(dataset)
     _environment()
@@ -119,31 +209,23 @@ def run_cmd(
     from flows.params import DatasetRef, GateConfig, IngestSource, TrainingConfig
 
     if dataset is None:
-        typer.secho(f"[1/2] ingest: the demo dataset of {task}", bold=True)
-        v = ingest_flow(IngestSource(task=task, quality="medium-replay"), emit_event=False)
+        source = IngestSource(**given(ctx.params, {"task": "task"}))
+        typer.secho(f"[1/2] ingest: the demo dataset of {source.task}", bold=True)
+        v = ingest_flow(source, emit_event=False)
         dataset, version = v["path"], version or v["md5"]
     typer.secho(f"[2/2] pipeline on {dataset}@{version or 'latest'}", bold=True)
     result = offline_to_online_flow(
         DatasetRef(path=dataset, version=version),
-        TrainingConfig(
-            preset=preset,
-            seed=seed,
-            bc_steps=bc_steps,
-            offline_algo=offline_algo,
-            offline_steps=offline_steps,
-            finetune_steps=finetune_steps,
-            continual_steps=continual_steps,
-            eval_episodes=eval_episodes,
-            threads=threads,
-        ),
-        GateConfig(eval_episodes=gate_episodes, cost_budget=cost_budget, max_forgetting=max_forgetting),
+        TrainingConfig(**given(ctx.params, TRAINING_OPTIONS)),
+        GateConfig(**given(ctx.params, GATE_OPTIONS)),
         refresh_cache=refresh,
     )
     _print_result(result)
 
 
 def _data_score(data_dir: str) -> str:
-    """The dataset's own mean episode return, normalised where it has references: the bar the stages must beat."""
+    """The dataset's own mean episode return, normalised where it has references: the bar the stages must
+    beat."""
     from arl_models.data import read_dataset
 
     t, info = read_dataset(data_dir)
@@ -160,37 +242,42 @@ def _print_result(result: dict) -> None:
     for name, s in result["stages"].items():
         m = s["metrics"]
         score = m.get("eval/normalized_score")
-        typer.echo(
-            f"  {name:8s} {int(s['steps']):>7d} steps  score {score if score is None else round(score, 1)!s:>6}  {s['checkpoint']}"
-        )
+        shown = score if score is None else round(score, 1)
+        typer.echo(f"  {name:8s} {int(s['steps']):>7d} steps  score {shown!s:>6}  {s['checkpoint']}")
     typer.echo(
-        f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} (budget {ev['cost_budget']:g})"
+        f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} "
+        f"(budget {ev['cost_budget']:g})"
     )
     colour = typer.colors.GREEN if d["promoted"] else typer.colors.YELLOW
     typer.secho(f"  {d['model']} version {d['version']} -> {d['alias']}: {d['reason']}", fg=colour)
     typer.echo(f"  MLflow run {result['run_id']} ({result['tracking_uri']})")
 
 
+_UP = library("tasks.stack", "up")
+
+
 @app.command("up")
 def up_cmd(
-    prefect_port: int = 4200,
-    mlflow_port: int = 5000,
-    deploy: Annotated[bool, typer.Option(help="Register prefect.yaml's deployments.")] = True,
+    prefect_port: Annotated[int, typer.Option(help="Port of the Prefect server and UI.")] = _UP.prefect_port,
+    mlflow_port: Annotated[int, typer.Option(help="Port of the MLflow server and UI.")] = _UP.mlflow_port,
+    deploy: Annotated[bool, typer.Option(help="Register prefect.yaml's deployments.")] = _UP.deploy,
     auth_string: Annotated[
         str | None,
         typer.Option(
             envvar="ARL_PREFECT_AUTH_STRING",
             show_envvar=True,
-            help="Prefect API auth string, 'user:password' (default: the stored one, else a new random one). "
-            "Prefer the variable: a command line is visible to other users.",
+            help="Prefect API auth string, 'user:password' (default: the stored one, else a new random "
+            "one). Prefer the variable: a command line is visible to other users.",
         ),
     ] = None,
     mlflow_auth: Annotated[
         bool, typer.Option(help="Run MLflow's basic-auth app (user and password generated once, stored).")
-    ] = False,
+    ] = _UP.mlflow_auth,
 ) -> None:
-    """Start a Prefect server (API auth string, CSRF protection, CORS for its own UI), an MLflow server and a
-    process worker; register the deployments."""
+    """Start the local stack: a Prefect server, an MLflow server and a process worker.
+
+    The Prefect server checks an API auth string, guards against CSRF and allows CORS for its own UI.
+    """
     from tasks.stack import credentials_file, stack_env, up
 
     paths = _paths()
@@ -218,7 +305,7 @@ def up_cmd(
 
 @app.command("down")
 def down_cmd() -> None:
-    """Stop what ``arl pipeline up`` started."""
+    """Stop what arl up started."""
     from tasks.stack import down
 
     stopped = down(_paths())
@@ -227,7 +314,7 @@ def down_cmd() -> None:
 
 @app.command("validate")
 def validate_cmd(
-    path: Path,
+    path: Annotated[Path, typer.Argument(help="A dataset directory.")],
     data_docs: Annotated[Path | None, typer.Option(help="Build Great Expectations Data Docs here.")] = None,
 ) -> None:
     """Validate a dataset directory against the expectation suites; exit 1 naming each failing expectation."""
@@ -251,7 +338,7 @@ def validate_cmd(
 
 @app.command("push")
 def push_cmd(
-    path: Path,
+    path: Annotated[Path, typer.Argument(help="A dataset directory.")],
     name: Annotated[
         str | None, typer.Option(help="Name in the data repo (default: the directory's name).")
     ] = None,
@@ -267,7 +354,7 @@ def push_cmd(
         bool, typer.Option(help="Emit arl.dataset.pushed (starts the retraining deployment).")
     ] = True,
 ) -> None:
-    """Version a dataset with DVC, push it to the remote and announce it (event ``arl.dataset.pushed``)."""
+    """Version a dataset with DVC, push it to the remote and announce it (event arl.dataset.pushed)."""
     _environment()
     from tasks.versioning import ensure_repo
 
@@ -335,105 +422,6 @@ def watch_cmd(repo: Annotated[Path | None, typer.Option(help="Data repository.")
     typer.echo(f"announced {len(new)} new version(s)" + "".join(f"\n  {v['path']} {v['md5']}" for v in new))
 
 
-@app.command("compare")
-def compare_cmd(
-    task: Annotated[str, typer.Option("--task", "-t")] = "safe-pendulum",
-    limit: Annotated[int, typer.Option(help="Most recent pipeline runs to show.")] = 5,
-    experiment: Annotated[str | None, typer.Option(help="MLflow experiment (default arl-<task>).")] = None,
-) -> None:
-    """The pipeline runs of a task side by side: data, config, stage metrics, evaluation, gate verdict."""
-    from rich.console import Console
-
-    table = compare_table(task, limit=limit, experiment=experiment, tracking_uri=_tracking_uri())
-    if table is None:
-        typer.echo(f"no pipeline runs for {task}")
-        raise typer.Exit(0)
-    Console(width=max(120, 28 * (len(table.columns)))).print(table)
-
-
-def _tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else the running stack's MLflow (its credentials put in the environment), else
-    the local SQLite store."""
-    from tasks.stack import running_urls, stack_env
-
-    paths = _paths()
-    urls = running_urls(paths)
-    if os.environ.get("MLFLOW_TRACKING_URI") or urls is None:
-        return os.environ.get("MLFLOW_TRACKING_URI") or paths.mlflow_uri
-    for k, v in stack_env(paths, urls).items():
-        if k.startswith("MLFLOW_"):
-            os.environ.setdefault(k, v)
-    return urls.mlflow
-
-
-COMPARE_ROWS = (
-    ("status", lambda r: r.info.status),
-    ("started", lambda r: _when(r.info.start_time)),
-    (
-        "dataset",
-        lambda r: f"{r.data.tags.get('arl.dataset.path', '?')}@{r.data.tags.get('arl.dataset.md5', '')[:8]}",
-    ),
-    ("preset", lambda r: r.data.params.get("training.preset", "")),
-    ("seed", lambda r: r.data.params.get("training.seed", "")),
-    ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
-    ("offline algo", lambda r: r.data.params.get("training.offline_algo", "").replace("None", "(preset's)")),
-    ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
-    *(
-        (f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))
-        for stage in ("bc", "offline", "finetune", "ewc")
-        for what, key in (("score", "score"), ("cost", "cost"))
-    ),
-    ("gated score", lambda r: _num(r.data.metrics.get("score"))),
-    ("gated mean cost", lambda r: _num(r.data.metrics.get("mean_cost"))),
-    ("gated forgetting", lambda r: _num(r.data.metrics.get("forgetting"))),
-    ("model", lambda r: r.data.tags.get("arl.model", "")),
-    ("verdict", lambda r: r.data.tags.get("arl.promotion", r.data.tags.get("arl.failed_stage", ""))),
-    ("reason", lambda r: r.data.tags.get("arl.promotion.reason", r.data.tags.get("arl.error", ""))),
-)
-"""Rows of ``arl compare``: stage scores are normalised where the data has reference returns (else empty,
-and the gate's score is the mean return)."""
-
-
-def _num(v: float | None) -> str:
-    return "" if v is None else f"{v:.2f}"
-
-
-def _when(ms: int | None) -> str:
-    from datetime import UTC, datetime
-
-    return "" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def compare_table(
-    task: str, *, limit: int = 5, experiment: str | None = None, tracking_uri: str | None = None
-):
-    """A rich table with one column per pipeline run (newest first), or None when there are none."""
-    from rich.table import Table
-
-    from tasks.tracking import client
-
-    c = client(tracking_uri)
-    exp = c.get_experiment_by_name(experiment or f"arl-{task}")
-    if exp is None:
-        return None
-    runs = c.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`arl.task` = '{task}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=limit,
-    )
-    if not runs:
-        return None
-    table = Table(title=f"pipeline runs of {task} ({exp.name})", show_lines=False)
-    table.add_column("", style="bold")
-    for r in runs:
-        table.add_column(r.info.run_name or r.info.run_id[:8], overflow="fold")
-    table.add_row("run id", *[r.info.run_id[:12] for r in runs])
-    for label, get in COMPARE_ROWS:
-        table.add_row(label, *[str(get(r)) for r in runs])
-    per_version = sorted({k for r in runs for k in r.data.metrics if k.startswith("ewc/forgetting/")})
-    for k in per_version:
-        table.add_row(
-            f"forgetting {k.removeprefix('ewc/forgetting/')}", *[_num(r.data.metrics.get(k)) for r in runs]
-        )
-    return table
+app.command("compare")(compare.compare_cmd)
+compare_table = compare.compare_table
+"""Kept here for the callers that import it from this module."""

@@ -17,18 +17,17 @@ from typing import Annotated
 
 import typer
 
-DEFAULT_ALIAS = "champion"
+from arl_cli.common import fail
+from arl_cli.defaults import library
 
-
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+DEFAULT_ALIAS = library("tasks.registry", "CHAMPION")
+_UP = library("tasks.stack", "up")
 
 
 def _server_env() -> dict[str, str]:
     """This process's environment, plus the running stack's settings where ``arl up`` runs one (values set
     here win), the tracking URI the other commands use, and this interpreter's ``bin/`` first on ``PATH``."""
-    from arl_cli.pipeline import _tracking_uri
+    from arl_cli.compare import tracking_uri
     from tasks.settings import state_paths
     from tasks.stack import running_urls, stack_env
 
@@ -36,7 +35,7 @@ def _server_env() -> dict[str, str]:
     paths = state_paths()
     if (urls := running_urls(paths)) is not None:
         env = {**stack_env(paths, urls), **env}
-    env["MLFLOW_TRACKING_URI"] = _tracking_uri()
+    env["MLFLOW_TRACKING_URI"] = tracking_uri()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
     return env
 
@@ -49,12 +48,12 @@ def resolve_model(model: str, alias: str | None, tracking_uri: str) -> str:
 
     if ":" in model or Path(model).exists():
         if alias is not None:
-            _fail(f"--alias goes with a registered model's name, not with the URI {model!r}")
+            fail(f"--alias goes with a registered model's name, not with the URI {model!r}")
         return model
     alias = alias or DEFAULT_ALIAS
     version = alias_version(model, alias, tracking_uri=tracking_uri)
     if version is None:
-        _fail(
+        fail(
             f"no version of model {model!r} has the alias {alias!r} in {tracking_uri} "
             "(`arl pipeline run` registers one; `--alias challenger` serves the other)"
         )
@@ -68,7 +67,7 @@ def _describe(uri: str, tracking_uri: str) -> str:
     try:
         described = describe_signature(uri, tracking_uri=tracking_uri)
     except ValueError as e:
-        _fail(str(e))
+        fail(str(e))
     if described is None:
         typer.secho(
             f"warning: {uri} has no signature, so a request of the wrong width reaches the policy and "
@@ -89,9 +88,11 @@ def serve_cmd(
         ),
     ],
     alias: Annotated[
-        str | None, typer.Option(help="The alias whose version to serve (default: champion).")
+        str | None, typer.Option(help=f"The alias whose version to serve (default: {DEFAULT_ALIAS}).")
     ] = None,
-    port: Annotated[int, typer.Option(help="Port to listen on (arl up's MLflow server takes 5000).")] = 5001,
+    port: Annotated[
+        int, typer.Option(help=f"Port to listen on (arl up's MLflow server takes {_UP.mlflow_port}).")
+    ] = 5001,
     host: Annotated[
         str, typer.Option(help="Interface to bind (0.0.0.0 listens on every interface).")
     ] = "127.0.0.1",

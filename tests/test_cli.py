@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from arl_cli.main import app
@@ -11,8 +12,6 @@ runner = CliRunner()
 
 
 def _commands(group, prefix=()):
-    import typer.main
-
     cmd = typer.main.get_command(group)
     for name, sub in getattr(cmd, "commands", {}).items():
         yield (*prefix, name)
@@ -26,6 +25,30 @@ def test_every_command_has_help(path):
     res = runner.invoke(app, [*path, "--help"])
     assert res.exit_code == 0, res.output
     assert "Usage" in res.output
+
+
+def _leaves(cmd, prefix=()):
+    for name, sub in getattr(cmd, "commands", {}).items():
+        if hasattr(sub, "commands"):
+            yield from _leaves(sub, (*prefix, name))
+        else:
+            yield (*prefix, name), sub
+
+
+LEAVES = dict(_leaves(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("path", list(LEAVES), ids=" ".join)
+def test_help_reads_cleanly(path):
+    """A summary line, every option explained, flags without a value placeholder, no reST markup."""
+    cmd = LEAVES[path]
+    summary = cmd.help.split("\n\n")[0]
+    assert "\n" not in summary.strip(), f"{path}: the summary is broken over lines in the command list"
+    undocumented = [p.name for p in cmd.params if not p.help]
+    assert not undocumented, f"arl {' '.join(path)}: no help for {undocumented}"
+    res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "110"})
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in res.output and "``" not in res.output, res.output
 
 
 def test_train_evaluate_roundtrip(tiny_dataset, tmp_path):
@@ -173,68 +196,3 @@ def test_merge_writes_one_mixed_dataset_and_names_a_missing_part(tiny_dataset, t
         and "nope: not a dataset directory" in res.output
         and not (tmp_path / "m2").exists()
     )
-
-
-def _option_help(path, option):
-    import typer.main
-
-    cmd = typer.main.get_command(app)
-    for name in path:
-        cmd = cmd.commands[name]
-    return next(p.help for p in cmd.params if option in p.opts)
-
-
-def _library_defaults():
-    from arl_models.algos.ewc import EWCConfig
-    from arl_models.presets import get_preset
-
-    demo = get_preset("demo")
-    return [
-        (("continual",), "--ewc-weight", EWCConfig.weight),
-        (("continual",), "--decay", EWCConfig.decay),
-        (("train", "cql"), "--conservative-weight", demo.cql.conservative_weight),
-        (("train", "cql"), "--context-lr-scale", demo.cql.context_lr_scale),
-        (("train", "bc"), "--context-lr-scale", demo.bc.context_lr_scale),
-    ]
-
-
-@pytest.mark.parametrize(
-    "path, option, value", _library_defaults(), ids=lambda x: x if isinstance(x, str) else None
-)
-def test_help_states_the_library_default(path, option, value):
-    """The CLI spells a few defaults in its help without importing torch; they must stay the library's."""
-    import re
-
-    found = re.search(r"\(default: [^,]*, ([0-9.]+)", _option_help(path, option))
-    assert found is not None, f"{option}: no '(default: ..., VALUE' in its help"
-    assert float(found[1]) == value, (
-        f"{' '.join(path)} {option}: help says {found[1]}, the library's default is {value}"
-    )
-
-
-def test_finetune_options_default_to_the_librarys_config():
-    """``arl finetune`` writes its defaults out (no torch at import); each must stay FinetuneConfig's."""
-    import inspect
-
-    from arl_cli.online import finetune_cmd
-    from arl_models.online import FinetuneConfig
-
-    cfg = FinetuneConfig()
-    library = {
-        "budget": cfg.cost_budget,
-        "kp": cfg.pid.kp,
-        "ki": cfg.pid.ki,
-        "kd": cfg.pid.kd,
-        "workers": cfg.workers.num_workers,
-        "backend": cfg.workers.backend,
-        "ray_address": cfg.workers.address,
-        "sync_every": cfg.workers.sync_every,
-        "tune": cfg.workers.tune,
-    }
-    options = {
-        n: p.default
-        for n, p in inspect.signature(finetune_cmd).parameters.items()
-        if n not in ("from_dir", "out", "task", "data", "restart")
-    }
-    expected = {n: library[n] if n in library else getattr(cfg, n) for n in options}
-    assert options == expected

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from arl_cli import doctor
+from arl_cli import doctor, doctor_interfaces, doctor_subsystems
 from arl_cli.main import app
 from arl_models.rate_tuner import BOTTLENECKS
 
@@ -87,11 +87,11 @@ def _rollout(steps: int = 5, obs_dim: int = 3, act_dim: int = 1, **override) -> 
 
 @pytest.fixture(scope="module")
 def replay():
-    return doctor.random_replay(obs_dim=3, act_dim=1, size=64)
+    return doctor_subsystems.random_replay(obs_dim=3, act_dim=1, size=64)
 
 
 def test_a_matching_rollout_passes(replay):
-    c = doctor.check_format(_rollout(), replay, "1.0.0")
+    c = doctor_interfaces.check_format(_rollout(), replay, "1.0.0")
     assert c.status == "pass", c.message
 
 
@@ -115,24 +115,24 @@ def test_a_matching_rollout_passes(replay):
     ],
 )
 def test_a_broken_interface_fails_naming_the_field(replay, override, needle):
-    c = doctor.check_format(_rollout(**override), replay, "1.0.0")
+    c = doctor_interfaces.check_format(_rollout(**override), replay, "1.0.0")
     assert c.status == "fail" and needle in c.message, c.message
 
 
 def test_latency_parts_follow_the_rates():
-    slow = doctor.check_latency(
+    slow = doctor_interfaces.check_latency(
         _rollout(steps=201), replay_size=10_000, batch=100, updates_per_s=10.0, transfer_s=None
     )
     assert slow.status == "warn" and math.isclose(slow.details["first_sample_ms"], 10_000.0)  # N / (B * U)
     assert math.isclose(slow.details["episode_wait_ms"], 1000 * 0.003 / 201 * 100)
-    fast = doctor.check_latency(
+    fast = doctor_interfaces.check_latency(
         _rollout(steps=201), replay_size=1_000, batch=100, updates_per_s=1000.0, transfer_s=0.002
     )
     assert fast.status == "pass" and math.isclose(fast.details["transfer_ms"], 2.0)
 
 
-def _checks(**rates: float) -> dict[str, doctor.Check]:
-    return {k: doctor.Check(k, "subsystem", "pass", "", v) for k, v in rates.items()}
+def _checks(**rates: float) -> dict[str, doctor_subsystems.Check]:
+    return {k: doctor_subsystems.Check(k, "subsystem", "pass", "", v) for k, v in rates.items()}
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_a_crashing_check_is_reported_not_raised():
     def broken():
         raise RuntimeError("simulator exploded")
 
-    c = doctor._guard("env_step", "subsystem", broken)
+    c = doctor_subsystems.guard("env_step", "subsystem", broken)
     assert c.status == "fail" and "simulator exploded" in c.message
 
 
@@ -172,8 +172,8 @@ def test_unknown_task_is_a_clear_error():
 
 
 def test_preprocess_check_times_the_transform_and_joins_the_learner_side():
-    replay = doctor.random_replay(3, 1, 2_000)
-    c = doctor.check_preprocess("noise", replay, 0.2, 64)
+    replay = doctor_subsystems.random_replay(3, 1, 2_000)
+    c = doctor_subsystems.check_preprocess("noise", replay, 0.2, 64)
     assert c.status == "pass" and c.rate > 0 and "noise" in c.message
     checks = {c.name: c}
     rows = {r["part"]: r for r in doctor.where_time_goes(checks, 1.0, 1, None)}
