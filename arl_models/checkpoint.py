@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from arl_models.data.dataset import staged_dir
+from arl_models.data.dataset import reference_pair, staged_dir
 from arl_models.nets import Actor, DeterministicActor, TanhGaussianActor
 from arl_models.replay import ActionScaler
 
@@ -73,7 +73,8 @@ def load_weights(net: nn.Module, state: dict[str, torch.Tensor], prefix: str, wh
     if keys.missing_keys or keys.unexpected_keys:
         raise ValueError(
             f"{where}: its weights do not fit the network its config.json describes (missing "
-            f"{[prefix + k for k in keys.missing_keys]}, unexpected {[prefix + k for k in keys.unexpected_keys]}); "
+            f"{[prefix + k for k in keys.missing_keys]}, "
+            f"unexpected {[prefix + k for k in keys.unexpected_keys]}); "
             "a checkpoint written before a change of layout must be retrained"
         )
 
@@ -127,15 +128,27 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def config_record(
-    algo: Algorithm, env: dict[str, Any], dataset: dict[str, Any] | None = None
+    algo: Algorithm,
+    env: dict[str, Any],
+    dataset: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A checkpoint's record (``config.json``): the algorithm's name and config, the environment and the
+    dataset it ran on, then ``extra``, the stage's own entries, in their order."""
     return {
         "algo": algo.name,
         "config": dataclasses.asdict(algo.cfg),
         "env": env,
         "dataset": dataset or {},
         "format_version": 1,
+        **(extra or {}),
     }
+
+
+def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
+    """The (random, expert) reference returns a checkpoint's record carries, or None."""
+    env = record["env"]
+    return reference_pair(env.get("ref_random_return"), env.get("ref_expert_return"))
 
 
 def save_checkpoint(
@@ -200,7 +213,20 @@ RESUME_KEYS = (
 budget (``steps``) may differ, so that a longer run continues a shorter one."""
 
 
+LEGACY_ALGO_NAMES: dict[tuple[Any, Any], str] = {("calql", "none"): "sac", ("calql", "cql"): "cql"}
+"""``(algo, config.conservative)`` of fine-tuning and continual records written before a learner was named
+by its critic regime (``algos.calql.REGIME_NAMES``), and the name that regime has now."""
+
+
+def recorded_algo(record: dict[str, Any]) -> Any:
+    """The algorithm a checkpoint record names, an older record's ``calql`` read as its regime's name."""
+    regime = (record.get("config") or {}).get("conservative")
+    return LEGACY_ALGO_NAMES.get((record.get("algo"), regime), record.get("algo"))
+
+
 def _get(record: dict[str, Any], key: str) -> Any:
+    if key == "algo":
+        return recorded_algo(record)
     for part in key.split("."):
         record = record.get(part) if isinstance(record, dict) else None  # type: ignore[assignment]
     return record
@@ -209,11 +235,7 @@ def _get(record: dict[str, Any], key: str) -> Any:
 def check_resumable(out: str | Path, record: dict[str, Any]) -> None:
     """Refuse (:class:`ResumeMismatch`, naming each difference) to resume the run in ``out`` with ``record``
     when they differ in any of :data:`RESUME_KEYS`."""
-    state = Path(out) / TRAIN_STATE / "state.json"  # written with the weights it resumes, in one rename
-    saved = json.loads(state.read_text()).get("record") if state.is_file() else None
-    if saved is None:  # a checkpoint written before the record was kept with its train state
-        f = Path(out) / CONFIG
-        saved = json.loads(f.read_text()) if f.is_file() else {}
+    saved = saved_record(out)
     record = json.loads(json.dumps(record))  # as it would be saved: tuples become lists
     diffs: list[str] = []
     for key in RESUME_KEYS:
@@ -231,6 +253,18 @@ def check_resumable(out: str | Path, record: dict[str, Any]) -> None:
             f"{out} holds a run with other settings or data: {'; '.join(diffs)}. "
             "Start over (restart=True, `--restart`) or choose another output folder."
         )
+
+
+def saved_record(out: str | Path) -> dict[str, Any]:
+    """The record of the run whose ``train_state/`` is in ``out``, kept with it (written with the weights
+    it resumes, in one rename, so a run killed before its ``config.json`` was rewritten still has it);
+    ``config.json``'s for a checkpoint written before the record was kept there, else ``{}``."""
+    state = Path(out) / TRAIN_STATE / "state.json"
+    saved = json.loads(state.read_text()).get("record") if state.is_file() else None
+    if saved is None:
+        f = Path(out) / CONFIG
+        saved = json.loads(f.read_text()) if f.is_file() else {}
+    return saved
 
 
 def clear_train_state(out: str | Path) -> None:
@@ -257,23 +291,6 @@ def load_train_state(out: str | Path, algo: Algorithm) -> dict[str, torch.Tensor
     algo.load_extra_state(meta["extra"])
     torch.set_rng_state(tensors["rng.torch"])
     return {k: v for k, v in tensors.items() if not k.startswith(("opt.", "rng.", "param."))}
-
-
-def load_shared_networks(from_dir: str | Path, algo: Algorithm) -> list[str]:
-    """Load into ``algo`` every network of the checkpoint in ``from_dir`` that ``algo`` has too, whole (a
-    network that does not fit is an error), and the multiplier's state from its ``train_state/``; returns
-    the networks loaded. For a learner of another algorithm than the checkpoint's (fine-tuning from TD3+BC)."""
-    where = Path(from_dir)
-    tensors = load_file(str(where / TRAIN_STATE / "state.safetensors"))
-    prefixes = {k.split(".", 1)[0] for k in tensors if not k.startswith(("opt.", "rng.", "param."))}
-    loaded = [name for name in algo.networks() if name in prefixes]
-    for name in loaded:
-        load_weights(algo.networks()[name], tensors, f"{name}.", where)
-    extra = json.loads((where / TRAIN_STATE / "state.json").read_text())["extra"]
-    algo.load_extra_state(
-        {**algo.extra_state(), **{k: v for k, v in extra.items() if k.startswith("lagrangian.")}}
-    )
-    return loaded
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

@@ -16,11 +16,9 @@ baseline (sequential training without the penalty, from ``naive_from`` or the sa
 Rehearsal (``ContinualConfig.rehearsal``) draws a fixed share of every offline batch from the earlier
 versions' datasets, the replay half of CLEAR (Rolnick et al., "Experience Replay for Continual
 Learning", NeurIPS 2019). Here it costs no extra storage: every version's dataset is already kept and
-versioned. On the observed line, where a version needs the opposite action in the same physical
-state, the diagonal penalty did not reconcile the versions at the sizes measured and rehearsal
-removed forgetting (benchmarks/README.md). It applies to the offline stage, not to the online
-fine-tuning that may follow. The naive baseline never rehearses; EWC at weight 0 with rehearsal is
-rehearsal alone.
+versioned (its effect against the penalty alone: benchmarks/README.md, "Continual learning"). It
+applies to the offline stage, not to the online fine-tuning that may follow. The naive baseline never
+rehearses; EWC at weight 0 with rehearsal is rehearsal alone.
 """
 
 from __future__ import annotations
@@ -40,10 +38,10 @@ from arl_models.algos.calql import CalQL, CalQLConfig
 from arl_models.algos.ewc import EWCConfig, EWCPenalty, compute_fisher, current_anchor
 from arl_models.checkpoint import (
     config_from_dict,
+    config_record,
     handed_over,
     has_train_state,
     load_policy,
-    load_train_state,
     read_config,
 )
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
@@ -54,6 +52,7 @@ from arl_models.offline import dataset_record, env_record, held_to_budget, live_
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
 from arl_models.replay import ActionScaler, Batch, ReplayBuffer
 from arl_models.train import fit
+from arl_models.warm_start import learner_from
 
 EWC_FILE = "ewc.safetensors"
 
@@ -84,8 +83,8 @@ class ContinualConfig:
             raise ValueError(f"continual: rehearsal is a share of the batch in [0, 1), got {self.rehearsal}")
         if self.eval_every and self.eval_every % self.log_every:
             raise ValueError(
-                f"continual: eval_every ({self.eval_every}) must be a multiple of log_every ({self.log_every}), "
-                "where evaluations are logged"
+                f"continual: eval_every ({self.eval_every}) must be a multiple of log_every "
+                f"({self.log_every}), where evaluations are logged"
             )
 
 
@@ -97,9 +96,7 @@ def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int
     """Normalised score (or raw return without reference scores) of a checkpoint on a dataset's version."""
     policy = load_policy(policy_dir)
     res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=seed)
-    if info.ref_random_return is None or info.ref_expert_return is None:
-        return res.mean_return
-    return info.normalized_score(res.mean_return)
+    return res.mean_return if info.references is None else info.normalized_score(res.mean_return)
 
 
 def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
@@ -112,8 +109,7 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
         cfg, conservative="cql", external_multiplier=False, cost_q_limit=None
     )  # the limit of the new data
     algo = held_to_budget(CalQL, cfg, info, t, constrained)
-    load_train_state(from_dir, algo)
-    algo.step = 0
+    learner_from(algo, from_dir)
     return algo
 
 
@@ -212,17 +208,8 @@ def _train_branch(
     )
     if not has_train_state(offline_out):
         torch.manual_seed(cfg.seed)
-    record = {
-        "algo": algo.name,
-        "config": asdict(algo.cfg),
-        "env": env_record(info),
-        "dataset": dataset_record(data, info),
-        "format_version": 1,
-        "stage": "continual",
-        "from": str(from_dir),
-        "ewc": use_ewc,
-        "continual_config": asdict(cfg),
-    }
+    entries = {"stage": "continual", "from": str(from_dir), "ewc": use_ewc, "continual_config": asdict(cfg)}
+    record = config_record(algo, env_record(info), dataset_record(data, info), entries)
     fit(
         algo,
         sample,

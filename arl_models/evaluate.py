@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import gymnasium as gym
 import numpy as np
 
+from arl_models.data.dataset import normalized_score
 from arl_models.envs.registry import TaskSpec, get_task, make_env
 
 EVAL_SEED = 12345
@@ -95,7 +96,7 @@ def evaluate(
     budget = spec.cost_budget if cost_budget is None else cost_budget
     norm = None
     if ref_scores is not None and ref_scores[1] != ref_scores[0]:
-        norm = float(100.0 * (rets.mean() - ref_scores[0]) / (ref_scores[1] - ref_scores[0]))
+        norm = float(normalized_score(float(rets.mean()), ref_scores))
     return EvalResult(
         task=spec.name,
         env_version=spec.env_version,
@@ -109,3 +110,22 @@ def evaluate(
         returns=rets.tolist(),
         costs=costs.tolist(),
     )
+
+
+@dataclass
+class Evaluator:
+    """Deterministic evaluation of a live policy on a task, as metrics (``{prefix}return``, ``cost``, ...),
+    with the normalised score where the reference returns ``refs`` are known: what the stages log while
+    they train. ``cost_budget`` defaults to the task's."""
+
+    act: ActFn
+    spec: TaskSpec
+    episodes: int
+    refs: tuple[float, float] | None = None
+    cost_budget: float | None = None
+    prefix: str = "eval/"
+    seed: int = EVAL_SEED
+
+    def __call__(self) -> dict[str, float]:
+        res = evaluate(self.act, self.spec, self.episodes, self.seed, self.cost_budget, self.refs)
+        return res.metrics(self.prefix)

@@ -30,7 +30,8 @@ def folder_lock(folder: str | Path) -> Iterator[None]:
 
 
 def holding_out(fn: Callable[..., R]) -> Callable[..., R]:
-    """Run ``fn`` holding :func:`folder_lock` on its ``out`` argument (a training stage's checkpoint folder)."""
+    """Run ``fn`` holding :func:`folder_lock` on its ``out`` argument (a training stage's checkpoint
+    folder)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)

@@ -17,15 +17,16 @@ from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL
 from arl_models.algos.iql import IQL
 from arl_models.algos.td3bc import TD3BC
-from arl_models.checkpoint import config_record, load_policy, read_config
+from arl_models.checkpoint import config_record, load_policy, record_references
 from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, read_dataset
 from arl_models.envs.registry import context_dim_of, get_task
-from arl_models.evaluate import EVAL_SEED, EvalResult, evaluate
+from arl_models.evaluate import EVAL_SEED, EvalResult, Evaluator, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.presets import get_preset
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
+from arl_models.warm_start import actor_from
 
 OFFLINE_CLASSES: dict[str, type] = {"cql": CQL, "td3bc": TD3BC, "iql": IQL}
 """Stage 2's algorithms by name (``presets.OFFLINE_ALGOS``)."""
@@ -55,14 +56,6 @@ def dataset_record(path: str | Path, info: DatasetInfo) -> dict[str, Any]:
     }
 
 
-def record_references(record: dict[str, Any]) -> tuple[float, float] | None:
-    """The (random, expert) reference returns a checkpoint's record carries, or None."""
-    env = record["env"]
-    if env.get("ref_random_return") is None or env.get("ref_expert_return") is None:
-        return None
-    return env["ref_random_return"], env["ref_expert_return"]
-
-
 def evaluate_checkpoint(
     policy_dir: str | Path,
     task: str | None = None,
@@ -79,22 +72,18 @@ def evaluate_checkpoint(
     return evaluate(policy.act, spec, episodes=episodes, seed=seed, ref_scores=refs)
 
 
-def live_eval(algo: Any, scaler: ActionScaler, info: DatasetInfo, episodes: int, prefix: str = "eval/"):
-    """Evaluate the live policy on the dataset's task, or ``None`` for an unregistered environment."""
+def live_eval(
+    algo: Any, scaler: ActionScaler, info: DatasetInfo, episodes: int, prefix: str = "eval/"
+) -> Evaluator | None:
+    """The evaluation of the live policy on the dataset's task, with the dataset's references, or ``None``
+    for an unregistered environment."""
     try:
         spec = get_task(info.task, info.env_version)
     except KeyError:
         return None
-    refs = None
-    if info.ref_random_return is not None and info.ref_expert_return is not None:
-        refs = (info.ref_random_return, info.ref_expert_return)
-
-    def run() -> dict[str, float]:
-        return evaluate(
-            lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, seed=EVAL_SEED, ref_scores=refs
-        ).metrics(prefix)
-
-    return run
+    return Evaluator(
+        lambda o: scaler.unnormalize(algo.act(o)), spec, episodes, info.references, prefix=prefix
+    )
 
 
 def _run(
@@ -117,13 +106,11 @@ def _run(
     scaler = ActionScaler.of(info.action_low, info.action_high)
     buffer = ReplayBuffer.from_transitions(t, scaler)
     batch_size = algo.cfg.batch_size
-    record = config_record(algo, env_record(info), dataset_record(data, info)) | {
-        "preset": preset_name,
-        **(extra or {}),
-    }
-    per = None if prioritized is None else PrioritizedReplay.from_buffer(buffer, prioritized)
+    entries = {"preset": preset_name, **(extra or {})}
     if prioritized is not None:
-        record["prioritized"] = asdict(prioritized)
+        entries["prioritized"] = asdict(prioritized)
+    record = config_record(algo, env_record(info), dataset_record(data, info), entries)
+    per = None if prioritized is None else PrioritizedReplay.from_buffer(buffer, prioritized)
     episodes = preset.eval_episodes if eval_episodes is None else eval_episodes
     evaluate_fn = live_eval(algo, scaler, info, episodes) if episodes > 0 else None
     final = fit(
@@ -247,25 +234,6 @@ def held_to_budget(cls: type[Any], cfg: Any, info: DatasetInfo, t: Transitions, 
     return algo
 
 
-def warm_start_from_bc(algo: Any, init_actor: str | Path) -> dict[str, Any]:
-    """Copy a BC checkpoint's actor into ``algo``'s (trunk and mean head, and whatever else matches);
-    returns what the record keeps of it. The conditioning must match."""
-    from safetensors.torch import load_file
-
-    bc_record = read_config(init_actor)
-    bc_context = bc_record["config"].get("context_dim", 0)
-    if bc_context != algo.cfg.context_dim:
-        raise ValueError(
-            f"{init_actor}: its actor is conditioned on {bc_context} context entries and this {algo.name} "
-            f"on {algo.cfg.context_dim}; train both with the same context_dim"
-        )
-    weights = load_file(str(Path(init_actor) / "weights.safetensors"))
-    copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
-    if not copied:
-        raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
-    return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
-
-
 def train_offline_algo(
     algo: str,
     data: str | Path,
@@ -302,7 +270,7 @@ def train_offline_algo(
     learner = held_to_budget(cls, cfg, info, t, constrained)
     extra: dict[str, Any] = {}
     if init_actor is not None:
-        extra["init_actor"] = warm_start_from_bc(learner, init_actor)
+        extra["init_actor"] = actor_from(learner, init_actor)
     return _run(
         learner,
         data,

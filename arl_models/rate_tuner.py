@@ -262,7 +262,10 @@ class RateTuner:
                 base,
                 utd=utd,
                 changed=True,
-                reason=f"{nums}: {why} and workers at max ({t.max_workers}): raising utd {r.utd:.3g} -> {utd:.3g}{tip}",
+                reason=(
+                    f"{nums}: {why} and workers at max ({t.max_workers}): "
+                    f"raising utd {r.utd:.3g} -> {utd:.3g}{tip}"
+                ),
             )
         return replace(base, reason=f"{nums}: {why}; workers and utd at their maxima{tip}")
 

@@ -41,7 +41,8 @@ DIVERGED_ABOVE = 1e8
 
 
 class TrainingDiverged(RuntimeError):
-    """A gradient step gave a non-finite or runaway loss or value; the checkpoint on disk is the last good one."""
+    """A gradient step gave a non-finite or runaway loss or value; the checkpoint on disk is the last good
+    one."""
 
 
 def check_finite(metrics: dict[str, float], step: int, where: str) -> None:
@@ -59,6 +60,41 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
         return
     keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= last_step]
     path.write_text("".join(f"{ln}\n" for ln in keep))
+
+
+def _resume_or_begin(
+    algo: Trainable,
+    out: Path,
+    record: dict[str, Any],
+    steps: int,
+    prioritized: PrioritizedReplay | None,
+    restart: bool,
+    progress: bool,
+) -> dict[str, float] | None:
+    """Set ``algo`` (and the replay's priorities) to the run in ``out`` when there is one of ``record``'s
+    settings (another is refused; ``restart`` discards it), else begin afresh; log lines past the state
+    resumed are cut. Returns the final metrics of a run in ``out`` that already finished ``steps``."""
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "metrics.jsonl"
+    if restart:
+        clear_train_state(out)
+    if not has_train_state(out):
+        log_path.unlink(missing_ok=True)
+        return None
+    check_resumable(out, record)
+    done = finished(out, steps)
+    if done is not None:
+        if progress:
+            print(
+                f"{out} finished {steps} steps already: its record is returned, nothing is trained",
+                flush=True,
+            )
+        return done
+    left = load_train_state(out, algo)
+    if prioritized is not None:
+        prioritized.load_priority_state_dict(left)
+    _truncate_jsonl(log_path, algo.step)
+    return None
 
 
 @holding_out
@@ -92,29 +128,10 @@ def fit(
     run with :class:`TrainingDiverged` before anything of that step is saved.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "metrics.jsonl"
-    if restart:
-        clear_train_state(out)
-    resuming = has_train_state(out)
-    if resuming:
-        check_resumable(out, record)
-    done = finished(out, steps) if resuming else None
+    done = _resume_or_begin(algo, out, record, steps, prioritized, restart, progress)
     if done is not None:
-        if progress:
-            print(
-                f"{out} finished {steps} steps already: its record is returned, nothing is trained",
-                flush=True,
-            )
         return done
-    if resuming:
-        left = load_train_state(out, algo)
-        if prioritized is not None:
-            prioritized.load_priority_state_dict(left)
-    else:
-        log_path.unlink(missing_ok=True)
-    _truncate_jsonl(log_path, algo.step)
-    sinks = FanoutSink(JsonlSink(log_path), sink)
+    sinks = FanoutSink(JsonlSink(out / "metrics.jsonl"), sink)
     extra = (lambda: None) if prioritized is None else prioritized.priority_state_dict
     window: dict[str, float] = {}
     count = 0

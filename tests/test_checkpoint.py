@@ -78,6 +78,23 @@ def test_cql_starts_from_a_bc_actor(tiny_dataset, tmp_path):
     train_cql(tiny_dataset, tmp_path / "cql", steps=1, init_actor=tmp_path / "bc", **TINY)
     rec = read_config(tmp_path / "cql")
     assert rec["init_actor"]["algo"] == "bc" and rec["init_actor"]["keys"] >= 4
+    assert list(rec) == ["algo", "config", "env", "dataset", "format_version", "preset", "init_actor"]
+    assert rec["algo"] == "cql" and rec["format_version"] == 1
+
+
+def test_resuming_reads_an_older_calql_record_by_its_critic_regime(tiny_dataset, tmp_path):
+    """Fine-tuning and continual records written before a learner was named by its critic regime say
+    ``calql``; a rerun of the same run, whose learner now says ``sac`` or ``cql``, still resumes it."""
+    from arl_models.checkpoint import TRAIN_STATE, ResumeMismatch, check_resumable
+
+    out = tmp_path / "run"
+    (out / TRAIN_STATE).mkdir(parents=True)
+    for regime, now in (("none", "sac"), ("cql", "cql"), ("calql", "calql")):
+        old = {"algo": "calql", "config": {"conservative": regime}}
+        (out / TRAIN_STATE / "state.json").write_text(json.dumps({"record": old}))
+        check_resumable(out, {"algo": now, "config": {"conservative": regime}})
+        with pytest.raises(ResumeMismatch, match="algo was"):
+            check_resumable(out, {"algo": "iql", "config": {"conservative": regime}})
 
 
 def test_observed_versions_condition_the_networks_from_bc_to_the_saved_policy(tmp_path):

@@ -162,3 +162,25 @@ def test_safe_walker2d_cost_fires_above_the_threshold():
     np.testing.assert_array_equal(cost_fn.batch_cost(np.zeros((3, 6), np.float32), nxt), [0.0, 0.0, 1.0])
     assert cost_fn(nxt[0], np.zeros(6), nxt[0], {"x_velocity": 2.35}).cost == 1.0
     assert cost_fn(nxt[0], np.zeros(6), nxt[0], {"x_velocity": 2.34}).cost == 0.0
+
+
+def test_one_normalised_score_for_datasets_records_and_evaluations():
+    """A dataset's sidecar, a checkpoint's record and an evaluation score a return on one scale: 0 at the
+    random reference, 100 at the expert's, none where either reference is unknown."""
+    from arl_models.checkpoint import record_references
+    from arl_models.data.dataset import normalized_score, reference_pair
+    from arl_models.evaluate import EVAL_SEED, Evaluator, evaluate
+    from tests.conftest import pendulum_info
+
+    info = pendulum_info()  # references (-1200, -150)
+    assert info.references == (-1200.0, -150.0) == record_references({"env": info.__dict__})
+    assert info.normalized_score(-150.0) == 100.0 and normalized_score(-1200.0, info.references) == 0.0
+    assert reference_pair(None, -150.0) is None and pendulum_info(ref_expert_return=None).references is None
+    spec = get_task("safe-pendulum")
+    act = lambda o: np.zeros((len(o), 1))  # noqa: E731
+    res = evaluate(act, spec, episodes=2, seed=EVAL_SEED, ref_scores=info.references)
+    assert res.normalized_score == pytest.approx(info.normalized_score(res.mean_return))
+    assert (
+        Evaluator(act, spec, 2, info.references, prefix="x/")()["x/normalized_score"] == res.normalized_score
+    )
+    assert "eval/normalized_score" not in Evaluator(act, spec, 2)()

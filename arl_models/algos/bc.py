@@ -34,8 +34,8 @@ class BCConfig:
     context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
     policy: Literal["deterministic", "gaussian"] = "deterministic"
-    """``deterministic``: mean-squared error (d3rlpy's default too); ``gaussian``: negative log-likelihood with
-    the bounds censored. Stage 2 copies either's trunk and mean head (benchmarks/README.md, "Offline
+    """``deterministic``: mean-squared error (d3rlpy's default too); ``gaussian``: negative log-likelihood
+    with the bounds censored. Stage 2 copies either's trunk and mean head (benchmarks/README.md, "Offline
     algorithms on data the project did not make")."""
     lr: float = 1e-3
     batch_size: int = 256

@@ -128,11 +128,3 @@ class OfflineActorCritic:
                 {k.split(".", 1)[1]: v for k, v in s.items() if k.startswith("lagrangian.")}
             )
         self.step = int(s["step"])
-
-
-def copy_matching(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
-    """Load the entries of ``state`` whose names and shapes ``module`` shares; returns their names."""
-    own = module.state_dict()
-    shared = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    module.load_state_dict(shared, strict=False)
-    return sorted(shared)

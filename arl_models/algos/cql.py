@@ -10,7 +10,7 @@ actions from the current policy at ``s`` and at ``s'``. The weight ``w`` is fixe
 ``lagrangian_threshold`` set it is tuned by dual gradient ascent so that the gap stays near the
 threshold (the paper's CQL-Lagrange). All ``1 + 3N`` action sets of a batch pass through the critic
 ensemble in a single fused call. The cost critic, temperature and actor are SAC's; the actor can
-start from a BC actor (:meth:`CQL.warm_start_actor`).
+start from a BC actor (:meth:`SAC.warm_start_actor`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class CQLConfig(SACConfig):
     once (the ``policy_eval_start`` of Kumar et al.'s code). The cost multiplier waits for it too."""
     critic_precision: str = "float32"
     """``bfloat16`` runs the fused critic pass (all ``1 + 3N`` action sets) under bf16 autocast with
-    float32 weights and losses: about 2.6x faster on CPUs with AVX512-BF16, at bf16's 8-bit mantissa."""
+    float32 weights and losses, at bf16's 8-bit mantissa (benchmarks/README.md, "CQL and BC throughput")."""
 
 
 @dataclass(frozen=True)
@@ -98,13 +98,6 @@ class CQL(SAC):
             return super().td_target(batch, next_act, next_logp)
         q_next = self.critic_target(batch.next_obs, next_act).min(0).values  # (B,)
         return batch.rew + self.cfg.gamma * (1.0 - batch.done) * q_next
-
-    def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
-        """Copy a BC actor's matching weights (trunk and mean head); returns the keys copied."""
-        own = self.actor.state_dict()
-        shared = {k: v for k, v in actor_state.items() if k in own and own[k].shape == v.shape}
-        self.actor.load_state_dict(shared, strict=False)
-        return sorted(shared)
 
     def actor_loss(
         self, obs: torch.Tensor, data_act: torch.Tensor | None = None

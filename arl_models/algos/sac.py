@@ -26,6 +26,7 @@ from arl_models.nets import (
     EnsembleCritic,
     TanhGaussianActor,
     adam,
+    copy_matching,
     network_adam,
     soft_update,
 )
@@ -41,10 +42,8 @@ class SACConfig:
     """The last ``context_dim`` observation entries are a context (the ``2.x`` versions' observed plant:
     3) that FiLM-modulates the input of every layer of actor and critics (``nets.py``); 0: none."""
     context_lr_scale: float = CONTEXT_LR_SCALE
-    """The FiLM weights learn at this multiple of their network's learning rate. They start at zero, and
-    Adam moves a weight about one learning rate a step, so a plant that needs them at order 1 waits
-    thousands of steps at the shared rate while the shared weights rewrite themselves instead (measured
-    on the observed Pendulum line at 1, 10, 30 and 100: benchmarks/JOURNAL.md). No effect without FiLM."""
+    """The FiLM weights' learning rate as a multiple of their network's (they start at zero, and Adam moves
+    a weight about one learning rate a step); no effect without FiLM."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
@@ -129,6 +128,11 @@ class SAC:
         """Free-standing scalar parameters (not inside a module)."""
         return {"log_temp": self.log_temp}
 
+    def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
+        """Start the actor from a BC actor's matching weights (trunk and mean head); returns the keys
+        copied (``warm_start.actor_from``)."""
+        return copy_matching(self.actor, actor_state)
+
     @property
     def temperature(self) -> torch.Tensor:
         return self.log_temp.exp().detach()
@@ -158,9 +162,8 @@ class SAC:
     ) -> torch.Tensor:
         assert self.cost_critic is not None
         with torch.no_grad():
-            # A cost is a non-negative penalty, so is its value. Without the floor an actor that
-            # minimises Q_c can drag the bootstrapped values below zero, the starts' furthest (measured
-            # on Hopper offline: Q_c(s0) -175 while every cost is 0 or 1; benchmarks/JOURNAL.md).
+            # A cost is a non-negative penalty, so is its value: floored, an actor that minimises Q_c
+            # cannot drag the bootstrapped values below zero.
             qc_next = self.cost_critic_target(batch.next_obs, next_act).max(0).values.clamp(min=0.0)
             target = batch.cost + self.cfg.gamma * (1.0 - batch.done) * qc_next
         return td_loss(self.cost_critic(batch.obs, batch.act), target, weights)

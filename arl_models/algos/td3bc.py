@@ -27,10 +27,9 @@ from arl_models.algos.constrained import (
     ActorCriticConfig,
     CostSide,
     OfflineActorCritic,
-    copy_matching,
 )
 from arl_models.algos.sac import _frozen, td_loss
-from arl_models.nets import EnsembleCritic, TanhGaussianActor, network_adam, soft_update
+from arl_models.nets import EnsembleCritic, TanhGaussianActor, copy_matching, network_adam, soft_update
 from arl_models.replay import Batch
 
 

@@ -65,7 +65,8 @@ class DatasetInfo:
     """The JSON sidecar: what the rows alone cannot say."""
 
     task: str
-    """Registered task name (``safe-pendulum``, :mod:`arl_models.envs.registry`); validation refuses one it does not know."""
+    """Registered task name (``safe-pendulum``, :mod:`arl_models.envs.registry`); validation refuses one
+    it does not know."""
     env_id: str
     env_version: str
     obs_dim: int
@@ -86,12 +87,31 @@ class DatasetInfo:
     extra: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
+    @property
+    def references(self) -> tuple[float, float] | None:
+        """The (random, expert) reference returns, or None where either is unknown."""
+        return reference_pair(self.ref_random_return, self.ref_expert_return)
+
     def normalized_score(self, ret: float) -> float:
-        """D4RL-style normalised score: 0 = random, 100 = expert."""
-        if self.ref_random_return is None or self.ref_expert_return is None:
+        """D4RL-style normalised score of a return (:func:`normalized_score`): 0 = random, 100 = expert."""
+        refs = self.references
+        if refs is None:
             raise ValueError(f"dataset of task {self.task!r} has no reference scores")
-        span = self.ref_expert_return - self.ref_random_return
-        return 100.0 * (ret - self.ref_random_return) / span
+        return normalized_score(ret, refs)
+
+
+def reference_pair(random_return: float | None, expert_return: float | None) -> tuple[float, float] | None:
+    """``(random, expert)`` reference returns when both are known, else None."""
+    if random_return is None or expert_return is None:
+        return None
+    return random_return, expert_return
+
+
+def normalized_score(ret: float, refs: tuple[float, float]) -> float:
+    """D4RL's normalised score of a return (Fu et al. 2020): 0 at the random reference, 100 at the
+    expert's."""
+    random_return, expert_return = refs
+    return 100.0 * (ret - random_return) / (expert_return - random_return)
 
 
 @dataclass
@@ -137,7 +157,8 @@ class Transitions:
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        """Rows of whole-episode parts, in order; episode ids are renumbered 0.. so that no two parts share one."""
+        """Rows of whole-episode parts, in order; episode ids are renumbered 0.. so that no two parts share
+        one."""
         ids, offset = [], 0
         for p in parts:
             _, inverse = np.unique(p.episode_id, return_inverse=True)
@@ -259,9 +280,9 @@ def merge_datasets(paths: list[str | Path], out: str | Path) -> DatasetInfo:
 
 @contextmanager
 def staged_dir(dst: Path) -> Iterator[Path]:
-    """A temporary sibling of ``dst`` to build in; on success it replaces ``dst`` whole (:func:`_replace_dir`),
-    on failure it is removed and ``dst`` is left as it was. Siblings left by a writer that was killed (its
-    process is gone) are removed first."""
+    """A temporary sibling of ``dst`` to build in; on success it replaces ``dst`` whole
+    (:func:`_replace_dir`), on failure it is removed and ``dst`` is left as it was. Siblings left by a
+    writer that was killed (its process is gone) are removed first."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale(dst)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.{os.getpid()}.", suffix=".tmp", dir=dst.parent))
@@ -310,7 +331,8 @@ _SIDECAR_INTS = ("obs_dim", "action_dim")
 
 
 def _check_sidecar(info: DatasetInfo, sidecar: Path) -> DatasetInfo:
-    """The sidecar's fields that the readers index by: text names, positive dimensions, one bound per action."""
+    """The sidecar's fields that the readers index by: text names, positive dimensions, one bound per
+    action."""
     for name in ("task", "env_id", "env_version"):
         if not isinstance(getattr(info, name), str) or not getattr(info, name):
             raise DatasetError(f"{sidecar}: {name} must be a non-empty string, got {getattr(info, name)!r}")
@@ -339,7 +361,8 @@ def _check_sidecar(info: DatasetInfo, sidecar: Path) -> DatasetInfo:
 
 
 def read_info(path: str | Path) -> DatasetInfo:
-    """The sidecar of the dataset at ``path``; :class:`DatasetError` names the file and what is wrong with it."""
+    """The sidecar of the dataset at ``path``; :class:`DatasetError` names the file and what is wrong with
+    it."""
     path = Path(path)
     sidecar = path / SIDECAR_FILE
     if not sidecar.is_file():
@@ -438,7 +461,8 @@ def _scalar(table: pa.Table, name: str, typ: pa.DataType, source: str) -> np.nda
 
 def table_to_transitions(table: pa.Table, info: DatasetInfo, source: str = "<table>") -> Transitions:
     """The rows of ``table`` as :class:`Transitions`, after checking columns, types, nulls and each row's
-    vector widths against the sidecar ``info``; anything wrong is a :class:`DatasetError` naming the column."""
+    vector widths against the sidecar ``info``; anything wrong is a :class:`DatasetError` naming the
+    column."""
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
         raise DatasetError(f"{source}: missing column(s) {missing}")

@@ -62,9 +62,8 @@ class BehaviourConfig:
         return reward - self.cost_penalty * cost
 
 
-# Evaluations are dense enough to catch the climb from random: a Hopper behaviour penalised for speed
-# stands within 10k learning steps, so evaluating every 10k gave a first snapshot at 93% of the best and a
-# `medium` that was not medium. An evaluation costs a few thousand environment steps; a snapshot, an actor.
+# The behaviour run of each task: SAC's size, its steps, and evaluations (snapshots) dense enough that one
+# falls in the climb from random, where ``medium`` is taken.
 BEHAVIOUR: dict[str, BehaviourConfig] = {
     "safe-pendulum": BehaviourConfig(
         SACConfig(hidden=(64, 64), learn_cost=False), steps=12_000, eval_every=500
@@ -129,8 +128,8 @@ def train_behaviour(spec: TaskSpec, out: Path, cfg: BehaviourConfig, progress: b
     )
     current_hash = RANDOM_POLICY_HASH
     print(
-        f"training the behaviour SAC of {spec.key} first: {cfg.steps:,} environment steps, one gradient step each "
-        f"after {cfg.learning_starts:,}; cached in {out}, so other qualities reuse it",
+        f"training the behaviour SAC of {spec.key} first: {cfg.steps:,} environment steps, one gradient "
+        f"step each after {cfg.learning_starts:,}; cached in {out}, so other qualities reuse it",
         flush=True,
     )
     start, tenth = time.perf_counter(), max(cfg.steps // 10, 1)

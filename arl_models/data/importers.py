@@ -92,7 +92,8 @@ def _check_dims(spec: TaskSpec, obs: np.ndarray, act: np.ndarray, source: str) -
 
 @contextmanager
 def _hdf5(path: str | Path) -> Iterator[h5py.File]:
-    """``path`` open for reading; an unreadable file or a missing group is a :class:`DatasetError` naming it."""
+    """``path`` open for reading; an unreadable file or a missing group is a :class:`DatasetError` naming
+    it."""
     try:
         with h5py.File(path, "r") as f:
             yield f
@@ -117,8 +118,9 @@ def import_d4rl(
     policy_hash: str | None = None,
     ref_scores: tuple[float, float] | None = None,
 ) -> DatasetInfo:
-    """A D4RL-style HDF5 file (``observations, actions, rewards, terminals, timeouts``[, ``next_observations``]);
-    ``ref_scores`` = (random, expert) returns, the task's references when not given."""
+    """A D4RL-style HDF5 file (``observations, actions, rewards, terminals, timeouts``
+    [, ``next_observations``]); ``ref_scores`` = (random, expert) returns, the task's references when not
+    given."""
     spec = get_task(task)
     if ref_scores is not None:
         given_references(ref_scores)  # a bad pair fails before any reading

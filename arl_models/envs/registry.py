@@ -210,13 +210,11 @@ def _register_builtin() -> None:
         "2.1.0": Dynamics(actuator=-1.0),
         "2.2.0": Dynamics(mass=1.5),
     }
-    # Pendulum's episodes are 200 steps. Its cost is effort, not speed: every swing-up must pass about
-    # 4.7 rad/s at the bottom (energy), so a speed limit leaves a constrained policy no cheaper way up
-    # than the greedy one; a torque limit does (pump within 1 N m, more slowly). The cost is graded, the
-    # overload past 1 N m (1 a step at the full 2 N m): a step cost gives the learned cost critic no slope
-    # once a policy is past the limit, and fine-tuning then slid into full-torque rounds. The SAC expert
-    # pays about 16 an episode, so a budget of 10 binds; the velocity tasks keep Safety-Gymnasium's 25
-    # (benchmarks/JOURNAL.md, "safe-pendulum's cost" and "The graded effort cost").
+    # Pendulum's episodes are 200 steps and its cost is effort, not speed (every swing-up passes about
+    # 4.7 rad/s, whatever the policy; within a torque limit it can pump up more slowly): the overload past
+    # 1 N m, graded (1 a step at the full 2 N m) so that the cost critic has a slope past the limit. Its
+    # budget of 10 is below what the unconstrained expert pays; the velocity tasks keep Safety-Gymnasium's
+    # 25.
     budgets = {"safe-pendulum": 10.0}
     for name, env_id, cost_fn, desc in builtin:
         budget = budgets.get(name, DEFAULT_COST_BUDGET)

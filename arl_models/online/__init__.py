@@ -110,7 +110,7 @@ def finetune(
     resuming = has_train_state(out)
     origin = resolve_origin(from_dir, task, data, cfg, regularizer)
     if resuming:
-        check_resumable(out, origin.identity(cfg))
+        check_resumable(out, origin.run_record(cfg))
         done = finished(out, cfg.steps)
         if done is not None:
             if progress:

@@ -44,8 +44,9 @@ class FinetuneConfig:
     episodes_per_round: int | None = None
     """Episodes collected per round (default ``num_envs``); multiplier updates and checkpoints follow
     rounds."""
-    vector: str = "async"
-    """``async`` (worker processes) or ``sync`` (in-process, for tests and debugging)."""
+    vector: str = "sync"
+    """``sync``: the environments step in the learner's process; ``async``: one worker process each (pays
+    where an environment step costs more than passing its observation between processes)."""
     offline_ratio: float = 0.5
     """Share of each batch drawn from the offline data; exactly ``round(ratio * batch_size)`` rows."""
     batch_size: int | None = None
@@ -62,10 +63,7 @@ class FinetuneConfig:
     """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
     cost_margin: float = 0.6
     """Share of the budget held in reserve: the multiplier holds the training episodes' mean cost to
-    ``budget * (1 - cost_margin)``, so that the policy's cost, which the controller only holds on
-    average over noisy rounds of a few episodes of sampled actions, stays under the budget itself. On
-    safe-pendulum the deployed (mean-action) policy pays 2.7-4.8 above the setpoint; 0.6 keeps it under
-    the budget on 5 of 5 seeds (benchmarks/README.md, "The loop stores each step at once")."""
+    ``budget * (1 - cost_margin)`` (benchmarks/README.md, "Constrained fine-tuning")."""
     pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
     """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
     its state carries over from the offline stage."""

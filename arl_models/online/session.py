@@ -7,16 +7,24 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from arl_models.algos.calql import CalQL
-from arl_models.checkpoint import BEST, CONFIG, load_train_state, read_config, save_checkpoint, save_policy
+from arl_models.checkpoint import (
+    BEST,
+    CONFIG,
+    load_train_state,
+    record_references,
+    save_checkpoint,
+    save_policy,
+    saved_record,
+)
 from arl_models.envs.registry import TaskSpec
-from arl_models.evaluate import EVAL_SEED, evaluate
+from arl_models.evaluate import Evaluator
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.online.config import FinetuneConfig
 from arl_models.online.rounds import OnlineState
@@ -85,25 +93,6 @@ class Checkpointer:
 
 
 @dataclass
-class Evaluator:
-    """Deterministic evaluation of the learner's policy on the task (``eval/...`` metrics, normalised
-    scores when the data has reference returns)."""
-
-    algo: CalQL
-    scaler: ActionScaler
-    spec: TaskSpec
-    episodes: int
-    budget: float
-    refs: tuple[float, float] | None
-
-    def __call__(self) -> dict[str, float]:
-        act = lambda o: self.scaler.unnormalize(self.algo.act(o))  # noqa: E731
-        return evaluate(
-            act, self.spec, self.episodes, seed=EVAL_SEED, cost_budget=self.budget, ref_scores=self.refs
-        ).metrics()
-
-
-@dataclass
 class Session:
     """What a fine-tuning loop works on, set up by :func:`open_session` (shared by the sync and async
     loops)."""
@@ -124,6 +113,7 @@ class Session:
     save: Checkpointer
     """Checkpoint everything needed to continue."""
     run_eval: Evaluator
+    """The learner's deterministic evaluation on the task, against the run's budget and references."""
     progress: bool
 
     def report_round(self, latest: dict[str, float]) -> None:
@@ -224,10 +214,9 @@ def open_session(
     obs_stats = ObsStats.of(offline.data["obs"][: len(offline)])
     preprocess = make_preprocessor(cfg.preprocess, cfg.preprocess_scale, obs_stats)
     state = OnlineState()
-    refs = None
-    if env.get("ref_random_return") is not None:
-        refs = (env["ref_random_return"], env["ref_expert_return"])
-    run_eval = Evaluator(algo, scaler, origin.spec, cfg.eval_episodes, origin.budget, refs)
+    refs = record_references(origin.run_record(cfg))
+    act = lambda o: scaler.unnormalize(algo.act(o))  # noqa: E731
+    run_eval = Evaluator(act, origin.spec, cfg.eval_episodes, refs, cost_budget=origin.budget)
     record = _resume(out, algo, writer, state) if resuming else _begin(origin, cfg, out, run_eval)
     _truncate(out / "metrics.jsonl", "step", state.env_steps)
     _truncate(out / "episodes.jsonl", "episode", state.episodes)
@@ -258,7 +247,7 @@ def open_session(
 def _resume(out: Path, algo: CalQL, writer: OnlineWriter, state: OnlineState) -> dict[str, Any]:
     """Load the interrupted run's train state into the learner, the online replay and the counters;
     returns its record."""
-    record = read_config(out)
+    record = saved_record(out)
     left = load_train_state(out, algo)
     writer.online.load_state_dict(left)
     writer.mc[: writer.online.size] = left["online.mc"]
@@ -269,21 +258,10 @@ def _resume(out: Path, algo: CalQL, writer: OnlineWriter, state: OnlineState) ->
 def _begin(origin: Origin, cfg: FinetuneConfig, out: Path, run_eval: Evaluator) -> dict[str, Any]:
     """Warm-start the learner, evaluate it, and clear what an earlier run left in ``out``; returns the
     new run's record."""
-    algo = origin.algo
-    carried = warm_start(algo, origin.from_dir, origin.budget)
+    carried = warm_start(origin.algo, origin.from_dir, origin.budget)
     initial = run_eval() if cfg.eval_episodes > 0 else {}
-    record = {
-        "algo": algo.name,
-        "config": asdict(algo.cfg),
-        "env": origin.env,
-        "dataset": origin.dataset,
-        "format_version": 1,
-        "stage": "finetune",
-        "from": str(origin.from_dir),
-        "finetune": asdict(cfg),
-        "carried_multiplier": carried,
-        "initial_eval": initial,
-    } | {k: origin.record[k] for k in ("continual",) if k in origin.record}
+    chain = {k: origin.record[k] for k in ("continual",) if k in origin.record}
+    record = origin.run_record(cfg, {"carried_multiplier": carried, "initial_eval": initial, **chain})
     for name in ("metrics.jsonl", "episodes.jsonl"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / BEST, ignore_errors=True)

@@ -10,14 +10,12 @@ from typing import Any
 import torch
 
 from arl_models.algos.calql import CalQL, CalQLConfig, Regularizer
-from arl_models.checkpoint import config_from_dict, load_shared_networks, load_train_state, read_config
+from arl_models.checkpoint import config_from_dict, config_record, read_config
 from arl_models.data.dataset import content_digest, read_info
 from arl_models.envs.registry import TaskSpec, get_task
 from arl_models.lagrange import PIDLagrangian
 from arl_models.online.config import FinetuneConfig
-
-SAME_PARTS = ("cql", "calql", "sac")
-"""Offline algorithms whose checkpoint holds every part of the fine-tuning learner (optimisers included)."""
+from arl_models.warm_start import SAME_PARTS, learner_from
 
 
 def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regularizer | None = None) -> CalQL:
@@ -49,23 +47,17 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
 
 
 def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, float]:
-    """Load every weight, optimiser and the multiplier's state; the multiplier keeps value and integral.
-    The unconstrained baseline never applies a multiplier, so its own stays at 0; the checkpoint's is
-    returned.
-
-    From TD3+BC or IQL, whose parts differ, the networks both have (actor, critics, cost critics, their
-    targets) and the multiplier's state are loaded; the optimisers and the temperature start fresh."""
-    if read_config(from_dir)["algo"] in SAME_PARTS:
-        load_train_state(from_dir, algo)
-    else:
-        load_shared_networks(from_dir, algo)
+    """The learner from the checkpoint in ``from_dir`` (``warm_start.learner_from``: all of a SAC-family
+    checkpoint, the shared networks of TD3+BC's or IQL's), its multiplier switched to the episode cost
+    with the checkpoint's value and integral. The unconstrained baseline never applies a multiplier, so its
+    own stays at 0; the checkpoint's state is returned."""
+    learner_from(algo, from_dir)
     old = algo.lagrangian.state()
     if algo.cfg.external_multiplier:
         algo.lagrangian = PIDLagrangian(algo.cfg.pid)
         algo.lagrangian.load_state({**old, "prev": 1.0})  # the measured signal changes: no derivative kick
     else:
         algo.lagrangian = PIDLagrangian()
-    algo.step = 0
     torch.manual_seed(algo.cfg.seed)
     return old
 
@@ -101,15 +93,11 @@ class Origin:
     env: dict[str, Any]
     dataset: dict[str, Any]
 
-    def identity(self, cfg: FinetuneConfig) -> dict[str, Any]:
-        """What a checkpoint folder must have been written with for this run to resume it."""
-        return {
-            "algo": self.algo.name,
-            "config": asdict(self.algo.cfg),
-            "env": self.env,
-            "dataset": self.dataset,
-            "finetune": asdict(cfg),
-        }
+    def run_record(self, cfg: FinetuneConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The record of a fine-tuning run with ``cfg`` from here, ``extra`` at its end; a checkpoint
+        folder resumes only for a run whose record matches its own (``checkpoint.check_resumable``)."""
+        entries = {"stage": "finetune", "from": str(self.from_dir), "finetune": asdict(cfg), **(extra or {})}
+        return config_record(self.algo, self.env, self.dataset, entries)
 
 
 def resolve_origin(

@@ -18,8 +18,8 @@ class OnlineWriter:
 
     Rows are written the step they happen, not at their episode's end, so the next update can draw
     them: with ``n`` environments stepping together, whole episodes would reach the batches about ``n``
-    times as many updates later, a lag that costs the unpenalised hopper most of its return
-    (benchmarks/README.md, "The loop against the behaviour SAC"). Both loops write through one writer:
+    times as many updates later (benchmarks/README.md, "Constrained fine-tuning"). Both loops write
+    through one writer:
     the synchronous one a step at a time, the asynchronous one a poll's chunks at a time. ``add``
     numbers rows in arrival order; ``extend`` takes one environment's rows by those numbers. A row the
     ring has overwritten before its episode ended gets no return (the slot holds a newer row), nor do

@@ -199,7 +199,7 @@ def test_draws_at_the_top_of_the_range_land_on_the_last_positive_leaf():
 def test_kernel_inputs_are_normalised_and_checked():
     """Any integer or float dtype goes through one compiled signature per kernel (no recompiling), and a slot
     outside the capacity is an IndexError rather than a write into the padding."""
-    import arl_models.prioritized as per_module
+    import arl_models.sum_tree as per_module
 
     tree = SumTree(100, 16)
     tree.update(np.arange(10, dtype=np.int32), np.ones(10, np.float32))

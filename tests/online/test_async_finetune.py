@@ -1,4 +1,5 @@
-"""The asynchronous pipeline of stage 3: workers collect while the learner updates (``arl_models/online/async_loop.py``)."""
+"""The asynchronous pipeline of stage 3: workers collect while the learner updates
+(``arl_models/online/async_loop.py``)."""
 
 from __future__ import annotations
 

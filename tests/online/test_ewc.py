@@ -158,7 +158,20 @@ def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pen
     assert (tmp_path / "cl" / "ewc.safetensors").is_file() and not (
         tmp_path / "cl" / "naive" / "ewc.safetensors"
     ).exists()
-    chain = json.loads((tmp_path / "cl" / "config.json").read_text())["continual"]
+    record = json.loads((tmp_path / "cl" / "config.json").read_text())
+    assert record["algo"] == "cql"  # offline CQL on the new data, with the penalty
+    assert list(record)[:9] == [
+        "algo",
+        "config",
+        "env",
+        "dataset",
+        "format_version",
+        "stage",
+        "from",
+        "ewc",
+        "continual_config",
+    ]
+    chain = record["continual"]
     assert chain["datasets"] == [str(pendulum_data), str(new)]
     assert (
         json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"]

@@ -155,6 +155,36 @@ def test_mc_returns_restart_at_episode_ends():
     np.testing.assert_allclose(g, [1.5, 1.0, 1.75, 1.5, 1.0])
 
 
+def _mc_returns_loop(rew, episode_end, gamma):
+    """The straightforward definition: back to front, restarting at each episode's last row."""
+    out, g = np.zeros(len(rew)), 0.0
+    for i in range(len(rew) - 1, -1, -1):
+        g = float(rew[i]) + gamma * (0.0 if episode_end[i] else g)
+        out[i] = g
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.9, 0.99])
+def test_mc_returns_equal_the_loop(gamma):
+    """Episodes of random lengths (1 to 700 rows), ending by termination or truncation as
+    ``offline_buffer`` marks them, the last one cut off by the end of the rows; and short arrays."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 700, size=40)
+    ids = np.repeat(np.arange(len(lengths)), lengths)
+    terminated = rng.uniform(size=len(ids)) < 0.002
+    truncated = np.r_[ids[1:] != ids[:-1], False]  # the last episode has no end in the rows
+    ends = terminated | truncated
+    rew = rng.normal(size=len(ids)).astype(np.float32)
+    np.testing.assert_allclose(
+        mc_returns(rew, ends, gamma), _mc_returns_loop(rew, ends, gamma), rtol=1e-6, atol=1e-6
+    )
+    for n in (0, 1, 2, 31, 33, 1025):
+        r, e = rew[:n], ends[:n]
+        np.testing.assert_allclose(
+            mc_returns(r, e, gamma), _mc_returns_loop(r, e, gamma), rtol=1e-6, atol=1e-6
+        )
+
+
 def _rows(rew):
     n = len(rew)
     z = np.zeros(n, np.float32)
@@ -271,7 +301,63 @@ def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tm
     assert {"online/episode_cost", "online/lagrange_multiplier", "online/q_data", "online/qc_policy"} <= set(
         rows[-1]
     )
-    assert read_config(out)["stage"] == "finetune"
+    record = read_config(out)
+    assert record["stage"] == "finetune" and record["algo"] == "sac"  # conservative "none": SAC
+    assert list(record) == [
+        "algo",
+        "config",
+        "env",
+        "dataset",
+        "format_version",
+        "stage",
+        "from",
+        "finetune",
+        "carried_multiplier",
+        "initial_eval",
+    ]
+
+
+@pytest.mark.parametrize(("mode", "name"), [("none", "sac"), ("cql", "cql"), ("calql", "calql")])
+def test_a_learner_is_named_by_its_critic_regime(tiny_cql, mode, name):
+    algo = build_algo(read_config(tiny_cql), replace(TINY, conservative=mode))
+    assert algo.name == name and algo.cfg.conservative == mode
+
+
+def _as_recorded_before_regime_names(out):
+    """Rewrite a fine-tuning checkpoint's records as they were written before a learner was named by its
+    critic regime: ``calql`` whatever the regime (the only difference of those checkpoints)."""
+    for f in (out / "config.json", out / "train_state" / "state.json"):
+        meta = json.loads(f.read_text())
+        rec = meta if f.name == "config.json" else meta["record"]
+        rec["algo"] = "calql"
+        f.write_text(json.dumps(meta))
+
+
+def test_a_checkpoint_recorded_as_calql_resumes_and_starts_the_next_stage(tiny_cql, pendulum_data, tmp_path):
+    cfg = replace(TINY, steps=1200)
+    finetune(tiny_cql, tmp_path / "a", data=pendulum_data, config=cfg, progress=False)
+    finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False, stop_after_rounds=1)
+    _as_recorded_before_regime_names(tmp_path / "b")
+    finetune(tiny_cql, tmp_path / "b", data=pendulum_data, config=cfg, progress=False)
+    wa = load_file(str(tmp_path / "a" / "train_state" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "train_state" / "state.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert read_config(tmp_path / "b")["algo"] == "calql"  # a resumed run keeps the record it began with
+    algo = build_algo(read_config(tmp_path / "b"), TINY)
+    warm_start(algo, tmp_path / "b", budget=12.0)
+    assert all(torch.equal(v, wb[f"actor.{k}"]) for k, v in algo.actor.state_dict().items())
+    assert algo.name == "sac"
+
+
+def test_a_run_killed_before_its_config_was_written_resumes(tiny_cql, pendulum_data, tmp_path):
+    """The train state is renamed into place before ``config.json`` is rewritten: a kill in between
+    leaves a train state without a config, and the record kept with the train state resumes it."""
+    cfg = replace(TINY, steps=1200)
+    out = tmp_path / "ft"
+    finetune(tiny_cql, out, data=pendulum_data, config=cfg, progress=False, stop_after_rounds=1)
+    (out / "config.json").unlink()
+    final = finetune(tiny_cql, out, data=pendulum_data, config=cfg, progress=False)
+    assert final["online/env_steps_total"] == 1200 and read_config(out)["stage"] == "finetune"
 
 
 def test_the_final_evaluation_is_logged_with_the_others(tiny_cql, pendulum_data, tmp_path):

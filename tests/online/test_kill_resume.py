@@ -26,7 +26,8 @@ kw = dict(steps=2000, preset="demo", progress=False, eval_episodes=0, seed=3)
 if algo == "bc":
     train_bc(data, out, **kw)
 else:  # small networks: the demo preset's checkpoint cadence, at a fraction of its step time
-    train_offline_algo(algo, data, out, config=CQLConfig(hidden=(16, 16), batch_size=32, n_action_samples=2), **kw)
+    cfg = CQLConfig(hidden=(16, 16), batch_size=32, n_action_samples=2)
+    train_offline_algo(algo, data, out, config=cfg, **kw)
 """
 FINETUNE = """
 import sys

@@ -1,0 +1,76 @@
+"""Warm starts: a learner initialised from another stage's checkpoint.
+
+Every stage after the first starts from the one before it, in one of two ways:
+
+* :func:`actor_from`: the actor alone, from a BC checkpoint (stage 2 from stage 1). Whatever of the BC
+  actor matches by name and shape is copied (trunk and mean head; the log-std head of a deterministic
+  BC actor does not exist, so it keeps its initialisation), through the learner's ``warm_start_actor``.
+* :func:`learner_from`: a whole learner, from an offline or fine-tuning checkpoint (stage 3 from stage 2,
+  stage 4 from stage 2 or 3). From a checkpoint of the same parts (:data:`SAME_PARTS`) every weight,
+  optimiser moment and the multiplier's state is loaded; from TD3+BC or IQL, whose parts differ, the
+  networks both have (actor, critics, cost critics, their targets) and the multiplier's state, while the
+  optimisers and the temperature start fresh. Either way the step counter restarts at 0.
+
+The idea is d3rlpy's ``copy_policy_from`` / ``copy_q_function_from``; what each stage then does with the
+carried multiplier is the stage's (``online/start.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from arl_models.checkpoint import TRAIN_STATE, WEIGHTS, Algorithm, load_train_state, load_weights, read_config
+
+SAME_PARTS = ("cql", "calql", "sac")
+"""Algorithms whose checkpoints hold every part of the SAC-family learner, optimisers included."""
+
+
+def actor_from(algo: Any, init_actor: str | Path) -> dict[str, Any]:
+    """Copy a BC checkpoint's actor into ``algo``'s (what matches); returns what the record keeps of it
+    (``init_actor``: path, algorithm, keys copied). The conditioning must match."""
+    bc_record = read_config(init_actor)
+    bc_context = bc_record["config"].get("context_dim", 0)
+    if bc_context != algo.cfg.context_dim:
+        raise ValueError(
+            f"{init_actor}: its actor is conditioned on {bc_context} context entries and this {algo.name} "
+            f"on {algo.cfg.context_dim}; train both with the same context_dim"
+        )
+    weights = load_file(str(Path(init_actor) / WEIGHTS))
+    copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
+    if not copied:
+        raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
+    return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
+
+
+def learner_from(algo: Algorithm, from_dir: str | Path) -> list[str]:
+    """Load the checkpoint in ``from_dir`` into ``algo`` (all of it from :data:`SAME_PARTS`, else the
+    shared networks and the multiplier's state) and restart its step count; returns the networks loaded.
+    Loading the train state also sets torch's RNG to the checkpoint's."""
+    if read_config(from_dir)["algo"] in SAME_PARTS:
+        load_train_state(from_dir, algo)
+        loaded = list(algo.networks())
+    else:
+        loaded = shared_networks_from(algo, from_dir)
+    algo.step = 0
+    return loaded
+
+
+def shared_networks_from(algo: Algorithm, from_dir: str | Path) -> list[str]:
+    """Load into ``algo`` every network of the checkpoint in ``from_dir`` that ``algo`` has too, whole (a
+    network that does not fit is an error), and the multiplier's state from its ``train_state/``; returns
+    the networks loaded. For a learner of another algorithm than the checkpoint's."""
+    where = Path(from_dir)
+    tensors = load_file(str(where / TRAIN_STATE / "state.safetensors"))
+    prefixes = {k.split(".", 1)[0] for k in tensors if not k.startswith(("opt.", "rng.", "param."))}
+    loaded = [name for name in algo.networks() if name in prefixes]
+    for name in loaded:
+        load_weights(algo.networks()[name], tensors, f"{name}.", where)
+    extra = json.loads((where / TRAIN_STATE / "state.json").read_text())["extra"]
+    algo.load_extra_state(
+        {**algo.extra_state(), **{k: v for k, v in extra.items() if k.startswith("lagrangian.")}}
+    )
+    return loaded
