@@ -208,7 +208,8 @@ def mark_announced(repo_dir: str | Path, *md5s: str) -> None:
 
 
 def current_versions(repo_dir: str | Path) -> list[dict[str, str]]:
-    """Every dataset tracked at the data repo's HEAD: ``{path, md5, git_rev}`` (the last commit of its ``.dvc``)."""
+    """Every dataset tracked at the data repo's HEAD: ``{path, md5, git_rev}`` (``git_rev``: the last commit
+    of its ``.dvc`` file)."""
     repo_dir = ensure_repo(repo_dir)
     out = []
     for dvc_file in _git(repo_dir, "ls-files", "*.dvc").split():

@@ -100,7 +100,8 @@ def _numeric(table: pa.Table, name: str, n: int) -> np.ndarray:
 
 
 def _episode_columns(ep: np.ndarray, step: np.ndarray, done: np.ndarray) -> dict[str, np.ndarray]:
-    """``episode_runs``, ``episode_min_step``, ``step_delta`` and ``done_before_end`` (see the transitions suite)."""
+    """``episode_runs``, ``episode_min_step``, ``step_delta`` and ``done_before_end`` (see the transitions
+    suite)."""
     n = ep.shape[0]
     if n == 0:
         names = ("episode_runs", "episode_min_step", "step_delta", "done_before_end")
@@ -142,7 +143,8 @@ def _timestamps(table: pa.Table, n: int) -> np.ndarray:
 
 
 def _spaces_text(obs_dim: int, low: list[float], high: list[float]) -> str:
-    """Observation width and action bounds as text, bounds rounded to float32 as the environments hold them."""
+    """Observation width and action bounds as text, the bounds rounded to float32 as the environments hold
+    them."""
 
     def f32(values: list[float]) -> list[float]:
         return [float(v) for v in np.asarray(values, dtype=np.float32)]
@@ -157,7 +159,8 @@ def registered_tasks() -> list[str]:
 
 @cache
 def _env_space(key: str) -> tuple[int, list[float], list[float]]:
-    """``(obs_dim, action_low, action_high)`` of the registered task ``name@version`` (builds its env once)."""
+    """``(obs_dim, action_low, action_high)`` of the registered task ``name@version`` (its environment is
+    built once)."""
     obs_dim, _, low, high, _ = env_dims(get_task(key))
     return obs_dim, low.tolist(), high.tolist()
 

@@ -41,9 +41,13 @@ class PolicyModel(PythonModel):
 
         self.policy = load_policy(handed_over(context.artifacts[CHECKPOINT_ARTIFACT]))
 
-    # model_input is left unannotated: MLflow would turn a type hint into a schema, where the registered
-    # signature (a float32 tensor of the policy's observation width) is the one it must enforce.
-    def predict(self, context: Any, model_input, params: dict[str, Any] | None = None) -> np.ndarray:
+    # np.ndarray is one of the hints MLflow takes without inferring a schema from it (a list or dataclass
+    # hint would become one): the registered signature, a float32 tensor of the policy's observation width,
+    # stays the one it enforces, and it hands predict that tensor as an array. Without any hint MLflow warns
+    # "Add type hints to the `predict` method" each time this file runs (every registration and load).
+    def predict(
+        self, context: Any, model_input: np.ndarray, params: dict[str, Any] | None = None
+    ) -> np.ndarray:
         deterministic = bool((params or {}).get("deterministic", True))
         actions = self.policy.act(finite_observations(model_input), deterministic=deterministic)
         return np.asarray(actions, dtype=np.float32)

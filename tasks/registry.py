@@ -10,6 +10,7 @@ reason is recorded as a tag either way.
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -143,6 +144,21 @@ def _against_champions(
     return []
 
 
+class _DropMessage(logging.Filter):
+    """Drops the records of one logger whose message starts with ``prefix``: a line that is noise here."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+_EXAMPLE_CHECKED = _DropMessage("Validating input example against model signature")
+"""MLflow's INFO line on every saved model with an input example: the check passing is no news."""
+
+
 @dataclass(frozen=True)
 class RegisteredPolicy:
     name: str
@@ -162,7 +178,8 @@ def register_policy(
 
     ``tags`` must hold every key of :data:`TRACE_TAGS`; they go onto the model version as ``arl.<key>``.
     The model carries what serving it needs: ``arl_models`` as code (MLflow's ``code_paths``), the pinned
-    :func:`serving_requirements` and the :func:`policy_signature` MLflow enforces on every request.
+    :func:`serving_requirements`, the :func:`policy_signature` MLflow enforces on every request and an
+    example request of one observation.
     """
     import mlflow.pyfunc
 
@@ -171,7 +188,9 @@ def register_policy(
     missing = [k for k in TRACE_TAGS if tags.get(k) in (None, "")]
     if missing:
         raise ValueError(f"register_policy: missing trace tag(s) {missing}")
-    c = client(tracking_uri)
+    c = client(tracking_uri)  # also turns MLflow's progress bar off: saving copies the artifacts through it
+    signature = policy_signature(checkpoint_dir)
+    logging.getLogger("mlflow.pyfunc").addFilter(_EXAMPLE_CHECKED)  # once: a filter is added only once
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "policy"
         mlflow.pyfunc.save_model(
@@ -180,7 +199,8 @@ def register_policy(
             artifacts={"checkpoint": str(checkpoint_dir)},
             code_paths=[str(Path(arl_models.__file__).parent)],
             pip_requirements=serving_requirements(),
-            signature=policy_signature(checkpoint_dir),
+            signature=signature,
+            input_example=None if signature is None else _observation_example(signature),
         )
         c.log_artifacts(run_id, str(model_dir), artifact_path="policy")
     source = f"{c.get_run(run_id).info.artifact_uri}/policy"
@@ -230,6 +250,15 @@ def policy_signature(checkpoint_dir: str | Path) -> Any:
     )
 
 
+def _observation_example(signature: Any) -> Any:
+    """One observation of zeros of the signature's width: the request example MLflow stores beside the
+    model (``serving_input_example.json``) and checks against the signature when it saves it."""
+    import numpy as np
+
+    (obs,) = signature.inputs.inputs
+    return np.zeros((1, int(obs.shape[-1])), dtype=np.float32)
+
+
 def describe_signature(model_uri: str, *, tracking_uri: str | None = None) -> str | None:
     """What the model at ``model_uri`` takes and returns, from its signature, as one line
     (``observations float32 [-1, 3] -> actions float32 [-1, 1]``); None for a model without one.
@@ -238,6 +267,9 @@ def describe_signature(model_uri: str, *, tracking_uri: str | None = None) -> st
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
+    from tasks.tracking import quiet_artifact_progress
+
+    quiet_artifact_progress()
     try:
         mlmodel = download_artifacts(
             f"{model_uri.rstrip('/')}/MLmodel", tracking_uri=tracking_uri, registry_uri=tracking_uri

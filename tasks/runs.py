@@ -24,7 +24,8 @@ def start_pipeline_run(
     tracking_uri: str,
     artifact_location: str | None = None,
 ) -> str:
-    """Create the parent run, log the flow's parameters and the dataset (DVC hash and location) as its input."""
+    """Create the parent run, log the flow's parameters and the dataset (DVC hash and location) as its
+    input."""
     run_id = tracking.start_parent_run(
         experiment,
         run_name,
@@ -46,7 +47,11 @@ def start_pipeline_run(
         },
         tracking_uri=tracking_uri,
     )
-    get_run_logger().info("MLflow run %s in experiment %s (%s)", run_id, experiment, tracking_uri)
+    page = None
+    if tracking_uri.startswith(("http://", "https://")):
+        exp_id = tracking.client(tracking_uri).get_run(run_id).info.experiment_id
+        page = tracking.ui_url(tracking_uri, exp_id, run_id)
+    get_run_logger().info("MLflow run %s in experiment %s (%s)", run_id, experiment, page or tracking_uri)
     return run_id
 
 

@@ -40,7 +40,8 @@ class StackUrls:
     prefect_ui: str
     mlflow: str
     mlflow_auth: bool = False
-    """Whether the MLflow server runs its basic-auth app (clients then send MLFLOW_TRACKING_USERNAME/PASSWORD)."""
+    """Whether the MLflow server runs its basic-auth app (clients then send MLFLOW_TRACKING_USERNAME and
+    MLFLOW_TRACKING_PASSWORD)."""
 
 
 def _bin(name: str) -> str:
@@ -53,7 +54,8 @@ def _state_file(paths: StatePaths) -> Path:
 
 
 def credentials_file(paths: StatePaths) -> Path:
-    """The clients' credentials of the stack: ``KEY=value`` lines that a shell can source (``set -a; . FILE``)."""
+    """The clients' credentials of the stack: ``KEY=value`` lines that a shell can source
+    (``set -a; . FILE``)."""
     return paths.stack / "credentials.env"
 
 
@@ -71,7 +73,8 @@ def read_credentials(paths: StatePaths) -> dict[str, str]:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600 from the first byte, replaced atomically)."""
+    """Write ``text`` to ``path``, readable by its owner only (0600 from the first byte, replaced
+    atomically)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -95,8 +98,9 @@ def ensure_credentials(
     if mlflow_auth and MLFLOW_PASSWORD not in creds:
         if mlflow_auth_db(paths).exists():
             raise RuntimeError(
-                f"{mlflow_auth_db(paths)} holds an MLflow admin whose password is not in {credentials_file(paths)}: "
-                "restore that file, or remove the user store to start with a new admin"
+                f"{mlflow_auth_db(paths)} holds an MLflow admin whose password is not in "
+                f"{credentials_file(paths)}: restore that file, or remove the user store to start with a "
+                "new admin"
             )
         creds[MLFLOW_USER], creds[MLFLOW_PASSWORD] = "arl", secrets.token_urlsafe(32)
     _write_private(
@@ -326,3 +330,21 @@ def down(paths: StatePaths, timeout: float = 20.0) -> list[str]:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def stop_temporary_server(timeout: float = 10.0) -> bool:
+    """Stop the temporary Prefect server this process started (a run without ``arl up``), after sending the
+    logs and events still queued for it; True when there was one. Prefect stops it at exit otherwise, and
+    its "Stopping temporary server" line then follows whatever the command printed last. Nothing happens
+    when ``PREFECT_API_URL`` names a server."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url or not SubprocessASGIServer().running:
+        return False
+    APILogWorker.drain_all(timeout=timeout)
+    EventsWorker.drain_all(timeout=timeout)
+    SubprocessASGIServer().stop()
+    return True

@@ -8,21 +8,44 @@ costs ~26 ms, so :class:`MlflowSink` buffers and writes with ``log_batch``. MLfl
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 PARENT_TAG = "mlflow.parentRunId"
 MAX_BATCH_METRICS = 1000  # MLflow's limit for one log_batch call
 MAX_PARAM_LENGTH = 6000
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+"""The experiment tag where MLflow 3 keeps an experiment's kind, and the value of its "Machine learning"
+(model training) kind: a UI that chooses its view per experiment opens it on its runs, not on its GenAI
+traces."""
+UI_WORKFLOW = "workflowType=machine_learning"
+"""The query that opens MLflow 3.17's UI in its model-training view: that UI takes the view from a switch
+kept in the browser (GenAI until the user flips it), not from the experiment's tag."""
+PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+_TWICE_LOCAL = re.escape(
+    "The specified dataset source can be interpreted in multiple ways: "
+    "LocalArtifactDatasetSource, LocalArtifactDatasetSource."
+)
 
 
 def client(tracking_uri: str | None = None) -> Any:
     from mlflow import MlflowClient
 
+    quiet_artifact_progress()
     return MlflowClient(tracking_uri=tracking_uri)
+
+
+def quiet_artifact_progress() -> None:
+    """No tqdm bar per artifact copy: MLflow draws one for every download, a pyfunc saved with artifacts
+    included, and in a log it is a run of raw carriage returns. A value the user set is kept."""
+    os.environ.setdefault(PROGRESS_BAR_ENV, "false")
 
 
 class MlflowSink:
@@ -90,14 +113,27 @@ def log_params(run_id: str, params: Mapping[str, Any], *, tracking_uri: str | No
 
 
 def experiment_id(name: str, *, artifact_location: str | None = None, tracking_uri: str | None = None) -> str:
-    """The id of experiment ``name``, created (artifacts under ``artifact_location``, if given) when missing."""
+    """The id of experiment ``name``, created (artifacts under ``artifact_location``, if given) when missing.
+
+    It is tagged as a model-training experiment (:data:`EXPERIMENT_KIND_TAG`), an existing one too unless it
+    already names a kind, so that MLflow's UI opens it on its runs rather than its GenAI traces."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(name)
-    return (
-        exp.experiment_id
-        if exp is not None
-        else c.create_experiment(name, artifact_location=artifact_location)
-    )
+    if exp is None:
+        tags = {EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+        return str(c.create_experiment(name, artifact_location=artifact_location, tags=tags))
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return str(exp.experiment_id)
+
+
+def ui_url(tracking_uri: str, experiment: str, run_id: str | None = None) -> str | None:
+    """The MLflow UI page of ``experiment`` (an id), or of one of its runs, in the model-training view;
+    None when ``tracking_uri`` is not a server (a SQLite file has no UI of its own)."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return None
+    page = f"experiments/{experiment}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{tracking_uri.rstrip('/')}/#/{page}?{UI_WORKFLOW}"
 
 
 def start_parent_run(
@@ -109,7 +145,8 @@ def start_parent_run(
     artifact_location: str | None = None,
     tracking_uri: str | None = None,
 ) -> str:
-    """Create the pipeline's parent run; returns its id (pass it to every stage, never rely on the active run)."""
+    """Create the pipeline's parent run; returns its id (pass it to every stage, never rely on the active
+    run)."""
     exp_id = experiment_id(experiment, artifact_location=artifact_location, tracking_uri=tracking_uri)
     run = client(tracking_uri).create_run(exp_id, tags=dict(tags or {}), run_name=run_name)
     if params:
@@ -157,6 +194,9 @@ def log_dataset_input(
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
+    # MLflow registers its local-file source twice (for "" and "file://") and then warns that a local path
+    # "can be interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource"
+    warnings.filterwarnings("ignore", message=_TWICE_LOCAL, category=UserWarning)
     dataset = MetaDataset(source=resolve_dataset_source(location), name=name, digest=md5)
     input_tags = [InputTag("mlflow.data.context", context)]
     c = client(tracking_uri)
@@ -185,62 +225,172 @@ def read_metrics_jsonl(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def plot_learning_curve(
-    metrics_jsonl: str | Path, png: str | Path, keys: Iterable[str] | None = None
-) -> Path:
-    """Plot the chosen series (default: every ``eval/`` series, else all) against step into ``png``."""
+PANELS: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("losses", lambda n: n.startswith("loss")),
+    ("Q values", lambda n: n.startswith("q_")),
+    ("cost Q values", lambda n: n.startswith("qc_")),
+    ("normalised score", lambda n: n == "normalized_score"),
+    ("return", lambda n: n in ("return", "episode_return")),
+    ("cost per episode", lambda n: n in ("cost", "episode_cost")),
+    ("cumulative cost", lambda n: n == "cumulative_cost"),
+    ("Lagrange multiplier", lambda n: "lagrange" in n),
+    ("violating episodes", lambda n: n == "violating_episodes"),
+    ("share of evaluation episodes over budget", lambda n: n.endswith("over_budget_share")),
+)
+"""The panel of a series, by its name without the ``train/``, ``online/`` or ``eval/`` prefix: the first
+that matches; a series none matches gets a panel of its own. One quantity per panel, each on its own scale."""
+COST_PANEL, SHARE_PANEL = "cost per episode", "share of evaluation episodes over budget"
+"""The panel that draws the episode cost budget, and the one whose axis runs from 0 to 1."""
+
+
+def group_panels(keys: Iterable[str]) -> dict[str, list[str]]:
+    """``keys`` by panel title (:data:`PANELS`), the panels in that table's order, then one per other key."""
+    panels: dict[str, list[str]] = {}
+    for key in keys:
+        name = key.rsplit("/", 1)[-1]
+        panels.setdefault(next((t for t, match in PANELS if match(name)), key), []).append(key)
+    order = [t for t, _ in PANELS]
+    return dict(sorted(panels.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+
+
+def cost_budget(metrics_jsonl: str | Path) -> float | None:
+    """The episode cost budget a stage trained under: ``env.cost_budget`` in the ``config.json`` beside its
+    ``metrics.jsonl`` (the task's, or the one the run was given); None without one."""
+    config = Path(metrics_jsonl).with_name("config.json")
+    if not config.is_file():
+        return None
+    budget = json.loads(config.read_text()).get("env", {}).get("cost_budget")
+    return float(budget) if isinstance(budget, int | float) and not isinstance(budget, bool) else None
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = read_metrics_jsonl(metrics_jsonl)
-    chosen = list(keys) if keys is not None else [k for k in series if k.startswith("eval/")] or list(series)
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    for k in chosen:
-        steps, values = zip(*series[k], strict=True) if series.get(k) else ((), ())
-        ax.plot(steps, values, label=k)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    if chosen:
-        ax.legend(loc="best", fontsize=8)
+    return plt
+
+
+def _grid(plt: Any, n: int) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels, at most three a row, and its axes in reading order (spares hidden)."""
+    cols = min(max(n, 1), 3)
+    rows = -(-max(n, 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.7 * rows), dpi=100, squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat
+
+
+def _save(plt: Any, fig: Any, png: str | Path) -> Path:
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)
     return png
 
 
-def log_forgetting_plot(run_id: str, report: dict[str, Any], *, tracking_uri: str | None = None) -> str:
-    """Bars per data version: the chain's best earlier score, the start's and the continued policy's; logs
-    ``plots/forgetting.png`` on ``run_id`` and returns its artifact path."""
-    import tempfile
+def _draw_panel(
+    ax: Any, title: str, curves: dict[str, list[tuple[int, float]]], budget: float | None
+) -> None:
+    values: list[float] = []
+    for key, points in curves.items():
+        steps, ys = zip(*points, strict=True)
+        ax.plot(steps, ys, marker="o" if len(steps) < 15 else None, ms=3, lw=1.2, label=key)
+        values += [y for y in ys if math.isfinite(y)]
+    if title == COST_PANEL and budget is not None:
+        ax.axhline(budget, color="crimson", ls="--", lw=1, label=f"budget {budget:g}")
+    if title == "losses" and values:
+        # losses of one stage span orders of magnitude: on a linear axis the largest flattens the rest
+        ax.set_yscale("log" if min(values) > 0 else "symlog")
+    if title == SHARE_PANEL:
+        ax.set_ylim(-0.02, 1.02)
+    elif title in (COST_PANEL, "cumulative cost") and values and min(values) >= 0:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=7)
 
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_learning_curve(
+    metrics_jsonl: str | Path,
+    png: str | Path,
+    keys: Iterable[str] | None = None,
+    *,
+    budget: float | None = None,
+) -> Path:
+    """Small multiples of the chosen series (default: every ``eval/`` series, else all) against step, one
+    panel per quantity (:data:`PANELS`), into ``png``. The cost-per-episode panel draws the episode budget
+    (``budget``, else :func:`cost_budget`) as a dashed line."""
+    plt = _pyplot()
+    series = read_metrics_jsonl(metrics_jsonl)
+    chosen = list(keys) if keys is not None else [k for k in series if k.startswith("eval/")] or list(series)
+    panels = group_panels(k for k in chosen if series.get(k))
+    if budget is None:
+        budget = cost_budget(metrics_jsonl)
+    fig, axes = _grid(plt, len(panels))
+    for ax, (title, members) in zip(axes, panels.items(), strict=False):
+        _draw_panel(ax, title, {k: series[k] for k in members}, budget)
+    return _save(plt, fig, png)
+
+
+def plot_forgetting(report: Mapping[str, Any], png: str | Path, *, bound: float | None = None) -> Path:
+    """Two panels: the score on each data version (the chain's best earlier score, the start's and the
+    continued policy's), and the forgetting on each earlier version (best earlier minus after) with
+    ``bound``, the gate's limit, where given."""
     import numpy as np
 
+    plt = _pyplot()
     versions = list(report["scores"])
-    bars = {
+    forgetting = dict(report.get("forgetting") or {})
+    fig, axes = _grid(plt, 2 if forgetting else 1)
+    x = np.arange(len(versions))
+    points = {
         "best earlier": [report["best_earlier"].get(v, np.nan) for v in versions],
         "start": [report["start_scores"][v] for v in versions],
         "after EWC": [report["scores"][v] for v in versions],
     }
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    x = np.arange(len(versions))
-    for i, (label, values) in enumerate(bars.items()):
-        ax.bar(x + (i - 1) * 0.27, values, width=0.27, label=label)
-    ax.set_xticks(x, versions, fontsize=8)
-    ax.set_ylabel("score")
-    ax.set_title(f"mean forgetting {report['mean_forgetting']:.2f} on the earlier versions", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    for i, (label, values) in enumerate(points.items()):
+        axes[0].plot(x + (i - 1) * 0.12, values, marker="os^"[i], ls="none", label=label)
+    axes[0].set_xticks(x, versions, fontsize=7)
+    axes[0].set_title("score per data version", fontsize=9)
+    axes[0].set_ylabel("normalised score", fontsize=8)
+    if forgetting:
+        earlier = list(forgetting)
+        lost = [forgetting[v] for v in earlier]
+        over = [bound is not None and f > bound for f in lost]
+        axes[1].bar(earlier, lost, color=["crimson" if o else "tab:blue" for o in over], width=0.5)
+        axes[1].axhline(0, color="black", lw=0.8)
+        axes[1].set_xlim(-1, len(earlier))
+        axes[1].set_ylabel("score lost", fontsize=8)
+        if bound is not None:
+            axes[1].axhline(bound, color="crimson", ls="--", lw=1, label=f"bound {bound:g}")
+            axes[1].legend(loc="best", fontsize=7)
+        axes[1].set_title(f"forgetting (mean {report['mean_forgetting']:.2f})", fontsize=9)
+        axes[1].tick_params(axis="x", labelsize=7)
+    axes[0].legend(loc="best", fontsize=7)
+    for ax in axes:
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(axis="y", labelsize=7)
+    return _save(plt, fig, png)
+
+
+def log_forgetting_plot(
+    run_id: str,
+    report: dict[str, Any],
+    *,
+    bound: float | None = None,
+    tracking_uri: str | None = None,
+) -> str:
+    """:func:`plot_forgetting` logged as ``plots/forgetting.png`` on ``run_id``; returns its artifact path."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
-        png = Path(tmp) / "forgetting.png"
-        fig.savefig(png)
-        plt.close(fig)
+        png = plot_forgetting(report, Path(tmp) / "forgetting.png", bound=bound)
         client(tracking_uri).log_artifact(run_id, str(png), artifact_path="plots")
     return "plots/forgetting.png"
 
@@ -251,12 +401,14 @@ def log_learning_curve(
     *,
     keys: Iterable[str] | None = None,
     name: str = "learning_curve.png",
+    budget: float | None = None,
     tracking_uri: str | None = None,
 ) -> str:
-    """Plot ``metrics_jsonl`` and log the PNG as an artifact of ``run_id``; returns the artifact path."""
+    """Plot ``metrics_jsonl`` (:func:`plot_learning_curve`) and log the PNG as an artifact of ``run_id``;
+    returns the artifact path."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        png = plot_learning_curve(metrics_jsonl, Path(tmp) / name, keys)
+        png = plot_learning_curve(metrics_jsonl, Path(tmp) / name, keys, budget=budget)
         client(tracking_uri).log_artifact(run_id, str(png), artifact_path="plots")
     return f"plots/{name}"

@@ -30,7 +30,8 @@ from tasks.frames import INDEX_COLUMNS, run_parameters, validation_frame
 SUITES = ("metadata", "transitions")
 MAX_EXAMPLES = 5
 _VALIDATION_CODE = ("validate.py", "frames.py")
-"""Files beside this one whose code decides the verdict (with ``expectations/``), part of the suites' digest."""
+"""Files beside this one whose code decides the verdict (with ``expectations/``), part of the suites'
+digest."""
 
 
 class DataValidationError(Exception):
@@ -256,7 +257,8 @@ def suites_digest() -> str:
 
 
 def validation_key(path: str | Path, data_docs_dir: str | None = None) -> str:
-    """Identical bytes judged by identical suites (and Data Docs built into the same place) get one verdict."""
+    """Identical bytes judged by identical suites (and Data Docs built into the same place) get one
+    verdict."""
     docs = hashlib.sha256(str(data_docs_dir or "").encode()).hexdigest()[:12]
     return f"arl-validate-{content_digest(path)}-{suites_digest()[:16]}-{docs}"
 

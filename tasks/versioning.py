@@ -8,9 +8,12 @@ environment (``AWS_ACCESS_KEY_ID``...), never from code or the DVC config.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,18 @@ def configure_remote(repo_dir: str | Path, url: str, *, endpoint_url: str | None
         conf["core"]["remote"] = REMOTE_NAME
 
 
+@contextmanager
+def _quiet_init() -> Iterator[None]:
+    """Without ``dvc init``'s "You can now commit the changes to git": :func:`ensure_repo` commits them."""
+    log = logging.getLogger("dvc.repo.init")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def ensure_repo(repo_dir: str | Path) -> Path:
     """A git checkout with DVC initialised (``git init`` and ``dvc init`` when missing)."""
     from dvc.repo import Repo
@@ -75,7 +90,8 @@ def ensure_repo(repo_dir: str | Path) -> Path:
         if not (repo_dir / ".git").exists():
             _git(repo_dir, "init", "-q")
         if not (repo_dir / ".dvc").exists():
-            Repo.init(str(repo_dir)).close()
+            with _quiet_init():
+                Repo.init(str(repo_dir)).close()
             _git(repo_dir, "add", ".dvc", ".dvcignore")
             _git(repo_dir, "commit", "-q", "-m", "Initialise DVC")
     return repo_dir
@@ -110,6 +126,8 @@ def _add_commit_push(repo_dir: Path, rel: Path, remote: str | None, endpoint_url
     if remote is not None:
         configure_remote(repo_dir, remote, endpoint_url=endpoint_url)
     with Repo(str(repo_dir)) as repo:
+        # no "To track the changes with git, run: git add ...": the .dvc file is committed just below
+        repo.scm_context.quiet = True
         repo.add([str(repo_dir / rel)])
         dvc_file = repo_dir / f"{rel}.dvc"
         md5 = _dvc_file_hash(dvc_file)
@@ -124,7 +142,8 @@ def _add_commit_push(repo_dir: Path, rel: Path, remote: str | None, endpoint_url
 
 
 def find_rev(repo_dir: str | Path, path: str, rev_or_hash: str) -> str:
-    """The git commit for a version: ``rev_or_hash`` itself, or the latest commit whose ``.dvc`` has that hash."""
+    """The git commit for a version: ``rev_or_hash`` itself, or the latest commit whose ``.dvc`` has that
+    hash."""
     repo_dir = Path(repo_dir)
     if not _HASH.match(rev_or_hash):
         return _git(repo_dir, "rev-parse", "--verify", f"{rev_or_hash}^{{commit}}")

@@ -1,8 +1,10 @@
-"""``arl pipeline up`` / ``down``: the local stack in one command, secured, and stopped by the pids it recorded.
+"""``arl pipeline up`` / ``down``: the local stack in one command, secured, and stopped by the pids it
+recorded.
 
-One stack (with MLflow's basic-auth app) serves the whole module: unauthenticated, cross-site and foreign-origin
-requests are refused, while the CLI, the worker and a deployment's run get in through the stack's env mapping.
-Slow (two servers, a worker and ``prefect deploy --all``: minutes on busy cores); `-m "not slow"` skips it.
+One stack (with MLflow's basic-auth app) serves the whole module: unauthenticated, cross-site and
+foreign-origin requests are refused, while the CLI, the worker and a deployment's run get in through the
+stack's env mapping. Slow (two servers, a worker and ``prefect deploy --all``: minutes on busy cores);
+`-m "not slow"` skips it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The local stack's credentials: generated once, stored 0600 in a file a shell can source, handed out through
-:func:`tasks.stack.stack_env`; and a Prefect server started with a user's own auth string (slow: a real server).
+"""The local stack's credentials: generated once, stored 0600 in a file a shell can source, handed out
+through :func:`tasks.stack.stack_env`; and a Prefect server started with a user's own auth string (slow: a
+real server).
 """
 
 from __future__ import annotations

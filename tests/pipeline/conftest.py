@@ -27,6 +27,10 @@ def _isolated_homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow-default.db'}"
     os.environ["GX_ANALYTICS_ENABLED"] = "false"
     yield
+    if "prefect.server.api.server" in sys.modules:  # a test started Prefect's temporary server
+        from tasks.stack import stop_temporary_server
+
+        stop_temporary_server()  # now, while pytest's streams are open, rather than at exit
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)

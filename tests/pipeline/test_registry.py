@@ -12,7 +12,7 @@ import pytest
 
 from tasks import registry, tracking
 
-pytestmark = pytest.mark.e2e  # MLflow re-enables its own "type hint" UserWarnings; they are harmless here
+pytestmark = pytest.mark.e2e
 GATE = {"tolerance": 1.0, "cost_budget": 5.0, "max_forgetting": 2.0}
 TRACE = {
     "stage": "cql",
@@ -189,3 +189,43 @@ def test_real_checkpoint_round_trip(mlflow_uri: str, run_id: str, tmp_path: Path
     best = load_policy(ckpt / "best").act(obs, deterministic=True)
     assert not np.allclose(best, load_policy(ckpt).act(obs, deterministic=True))
     np.testing.assert_allclose(served("arl-real-best"), best, rtol=1e-6)
+
+
+def test_registering_and_loading_print_nothing(
+    mlflow_uri: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No "Add type hints" or "input example" warning, no "Downloading artifacts" bar, no INFO line: a
+    registration is silent; the model carries its example request."""
+    import warnings
+
+    import mlflow.pyfunc
+
+    from arl_models.checkpoint import save_policy
+    from arl_models.nets import TanhGaussianActor
+
+    env = {"task": "safe-pendulum", "obs_dim": 3, "action_dim": 1, "action_low": [-2], "action_high": [2]}
+    ckpt = save_policy(
+        tmp_path / "ckpt",
+        TanhGaussianActor(3, 1, (8, 8)),
+        {"algo": "sac", "config": {"hidden": [8, 8]}, "env": env},
+    )
+    run_id = tracking.start_parent_run(  # a run of its own: its policy/ holds this checkpoint only
+        "arl-tests-registry",
+        "quiet",
+        artifact_location=(tmp_path / "artifacts").as_uri(),
+        tracking_uri=mlflow_uri,
+    )
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reg = registry.register_policy(
+            ckpt, model_name="arl-quiet", run_id=run_id, tags=TRACE, tracking_uri=mlflow_uri
+        )
+        mlflow.set_tracking_uri(mlflow_uri)
+        model = mlflow.pyfunc.load_model(f"models:/arl-quiet/{reg.version}")
+    out, err = capfd.readouterr()
+    mlflow_warnings = [str(w.message) for w in caught if "mlflow" in w.filename]
+    assert mlflow_warnings == [] and out == "" and err == "", (mlflow_warnings, out, err)
+    assert model.predict(np.zeros((2, 3), dtype=np.float32)).shape == (2, 1)
+    logged = {Path(a.path).name for a in tracking.client(mlflow_uri).list_artifacts(run_id, "policy")}
+    assert "serving_input_example.json" in logged

@@ -71,7 +71,8 @@ def test_an_empty_form_is_the_librarys_defaults() -> None:
 
 
 def test_the_form_overrides_only_what_it_gives() -> None:
-    specs = TrainingConfig(finetune_envs=2, finetune_vector="async", rehearsal=0.25, ewc_weight=3).stage_specs(5)
+    form = TrainingConfig(finetune_envs=2, finetune_vector="async", rehearsal=0.25, ewc_weight=3)
+    specs = form.stage_specs(5)
     ft = specs["finetune"].config
     assert (ft.num_envs, ft.vector, ft.cost_margin) == (2, "async", FinetuneConfig.cost_margin)
     assert specs["ewc"].config.rehearsal == 0.25 and specs["ewc"].config.ewc.weight == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,28 @@ def test_versioning_is_idempotent(repo: Path, tmp_path: Path) -> None:
     a = version_dataset(ds, repo, remote=str(tmp_path / "remote"))
     b = version_dataset(ds, repo)
     assert a == b
+
+
+def test_versioning_prints_no_git_advice(
+    repo: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """DVC's "To track the changes with git, run: git add ..." and "You can now commit the changes to git"
+    are wrong here (the pipeline commits them itself): neither is printed nor logged, by init, add or push."""
+    ds = make_dataset(repo / "data" / "ds", seed=0)
+    with caplog.at_level("INFO"):
+        capfd.readouterr()
+        version_dataset(ds, repo, remote=str(tmp_path / "remote"))  # git init, dvc init, add, commit, push
+        make_dataset(ds, seed=1)
+        version = version_dataset(ds, repo)
+        out, err = capfd.readouterr()
+    said = out + err + "\n".join(r.getMessage() for r in caplog.records)
+    for advice in ("To track the changes with git", "git add", "autostage", "commit the changes to git"):
+        assert advice not in said, said
+    tracked = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+    assert "ds.dvc" not in tracked and ".gitignore" not in tracked  # what DVC advised is committed
+    assert find_rev(repo, "data/ds", version.md5) == version.git_rev
 
 
 def test_unknown_hash_is_an_error(repo: Path, tmp_path: Path) -> None:
