@@ -35,6 +35,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check arl_models arl_cli tasks flows tests benchmarks
+	$(BIN)/ruff format --check arl_models arl_cli tasks flows tests benchmarks
 	$(BIN)/mypy arl_models
 
 # Peer libraries for benchmarks get an environment of their own: d3rlpy 2.8.1 pins gymnasium==1.0.0,

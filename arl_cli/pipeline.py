@@ -220,7 +220,15 @@ def run_cmd(
         GateConfig(**given(ctx.params, GATE_OPTIONS)),
         refresh_cache=refresh,
     )
+    _stop_temporary_server()
     _print_result(result)
+
+
+def _stop_temporary_server() -> None:
+    """Prefect's temporary server (no server configured) stops now, so its goodbye precedes the summary."""
+    from tasks.stack import stop_temporary_server
+
+    stop_temporary_server()
 
 
 def _data_score(data_dir: str) -> str:
@@ -371,6 +379,7 @@ def push_cmd(
         endpoint_url=endpoint_url or paths.dvc_endpoint_url,
         emit=event,
     )
+    _stop_temporary_server()
     typer.echo(
         f"{version['path']} -> {version['md5']} (rev {version['git_rev'][:8]}, remote {version['remote']})"
     )
@@ -419,6 +428,7 @@ def watch_cmd(repo: Annotated[Path | None, typer.Option(help="Data repository.")
     from flows.watcher import dataset_watcher_flow
 
     new = dataset_watcher_flow(str(repo) if repo else None)
+    _stop_temporary_server()
     typer.echo(f"announced {len(new)} new version(s)" + "".join(f"\n  {v['path']} {v['md5']}" for v in new))
 
 

@@ -119,7 +119,8 @@ def main() -> None:
         from arl_models.presets import get_preset
 
         p = get_preset(args.preset)
-        # what tasks.stages builds from the flow's empty form (the library's 4 sync envs, the preset's episodes)
+        # what tasks.stages builds from the flow's empty form (the library's 4 sync envs, the preset's
+        # episodes)
         cfg = FinetuneConfig(
             seed=0,
             steps=args.finetune_steps or p.finetune_steps,

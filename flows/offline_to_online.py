@@ -202,7 +202,7 @@ def offline_to_online_flow(
 
     report = continual_report(stages.done[-1])
     if report:
-        tracking.log_forgetting_plot(run_id, report, tracking_uri=uri)
+        tracking.log_forgetting_plot(run_id, report, bound=gate.max_forgetting, tracking_uri=uri)
     finish_pipeline_run(run_id, "FINISHED", uri, metrics=run_summary(stages.done, evaluation, forgetting))
     get_run_logger().info(
         "%s version %s is %s: %s", model_name, decision["version"], decision["alias"], decision["reason"]

@@ -20,7 +20,7 @@ from tasks import registry, tracking
 
 @task(name="evaluate_policy", retries=0, task_run_name="evaluate {stage}")
 def evaluate_policy(
-    checkpoint: str, stage: str, parent_run_id: str, tracking_uri: str, episodes: int = 10, seed: int = 12345
+    checkpoint: str, stage: str, parent_run_id: str, tracking_uri: str, episodes: int, seed: int
 ) -> dict[str, Any]:
     """Episodes of the policy the stage hands over (``best/`` of a fine-tuning checkpoint, else the
     checkpoint's own weights), in its own task; returns the gate's inputs (score, mean cost) and all metrics.
@@ -170,8 +170,8 @@ def promote_policy(
     ``scored_as``: how the candidate was scored (``policy``, ``episodes``, ``seed``, ``runs_dir``), so that a
     champion scored against other references is scored again the same way before the two are compared.
     ``note``: how the run chose its candidate (a diverged stage, the retraining rule), put before the reason.
-    ``siblings``: the other versions the run registered (its other stages' policies), tagged as not gated, with
-    the candidate's verdict, so that none of them reads as a policy the gate let through."""
+    ``siblings``: the other versions the run registered (its other stages' policies), tagged as not gated,
+    with the candidate's verdict, so that none of them reads as a policy the gate let through."""
     logger = get_run_logger()
     decision = registry.promote(
         model_name,

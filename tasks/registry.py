@@ -39,7 +39,7 @@ class GateSettings:
     """How the gate judges a candidate: the home of these defaults (the flow's form and the CLI read them)."""
 
     eval_episodes: int = 50
-    """Episodes of the final evaluation, from fixed starts (the starts decide a mean cost, so few are noisy)."""
+    """Episodes of the final evaluation, from fixed starts (the starts decide a mean cost: few are noisy)."""
     eval_seed: int = EVAL_SEED
     """Seed of the final evaluation's starts."""
     tolerance: float = 5.0

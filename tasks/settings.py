@@ -74,7 +74,8 @@ def state_paths(home: str | Path | None = None) -> StatePaths:
 
 
 def artifact_location(uri: str, paths: StatePaths) -> str | None:
-    """Where a new experiment keeps artifacts: a local directory for a SQLite store, the server's default otherwise."""
+    """Where a new experiment keeps artifacts: a local directory for a SQLite store, the server's default
+    otherwise."""
     return paths.mlflow_artifacts.as_uri() if uri.startswith("sqlite:") else None
 
 

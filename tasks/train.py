@@ -32,10 +32,11 @@ COMPLETION_KEY = {"ewc": "continual/ewc_mean_forgetting"}
 """A metric a stage writes only once it has finished everything (EWC: after measuring forgetting)."""
 CURVES = {
     "learning_curve.png": lambda k: (
-        k.startswith("train/loss_") or k in ("eval/normalized_score", "train/q_data")
+        k.startswith(("train/loss_", "online/loss_"))
+        or k in ("eval/normalized_score", "train/q_data", "online/q_data")
     ),
     "cost_curve.png": lambda k: any(
-        w in k for w in ("cost", "lagrange", "over_budget", "violation", "conservative")
+        w in k for w in ("cost", "lagrange", "over_budget", "violat", "conservative")
     ),
 }
 PROGRESS_LINES = 10

@@ -33,5 +33,6 @@ for h in (64, 128):
             if r > 0:
                 t[k] += time.perf_counter() - t0
     print(
-        f"hidden {h}: plain {250 / t[0]:.1f} updates/s, FiLM {250 / t[3]:.1f} updates/s, ratio {t[3] / t[0]:.2f}x time"
+        f"hidden {h}: plain {250 / t[0]:.1f} updates/s, FiLM {250 / t[3]:.1f} updates/s, "
+        f"ratio {t[3] / t[0]:.2f}x time"
     )
