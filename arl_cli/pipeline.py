@@ -300,7 +300,7 @@ def up_cmd(
         raise typer.Exit(1) from e
     creds = credentials_file(paths)
     typer.secho(f"Prefect UI: {urls.prefect_ui}", bold=True)
-    typer.secho(f"MLflow UI:  {urls.mlflow}", bold=True)
+    typer.secho(f"MLflow UI:  {urls.mlflow}/#/experiments?workflowType=machine_learning", bold=True)
     typer.echo(f"credentials (mode 0600): {creds}")
     typer.echo("  the Prefect UI asks for PREFECT_API_AUTH_STRING from that file" + (
         "; MLflow's for MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" if urls.mlflow_auth else ""
