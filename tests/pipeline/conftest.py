@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1] / "flows"))  # stack_support: servers, ports, HTTP
 
 from pipeline_data import make_dataset  # noqa: E402
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pipeline_data import OBS_DIM, make_info, make_transitions
+from stack_support import call, free_port, process_group
 
 from tasks import registry, tracking
 
@@ -270,19 +268,9 @@ def test_arl_serve_names_what_it_cannot_serve(
     assert missing.exit_code == 2 and f"cannot read the model models:/{MODEL}/99" in missing.output
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: bytes) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    status, _, answer = call(url, "POST", body, **{"Content-Type": "application/json"})
+    return status, json.loads(answer)
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
@@ -318,23 +306,15 @@ def test_arl_serve_answers_actions_and_refuses_malformed_requests(
 
     from arl_models.checkpoint import load_policy
 
-    port, log = _free_port(), tmp_path / "serve.log"
+    port, log = free_port(), tmp_path / "serve.log"
     env = {
         **os.environ,
         "MLFLOW_TRACKING_URI": mlflow_uri,
         "ARL_HOME": str(tmp_path / "home"),
         "OMP_NUM_THREADS": "1",
     }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "arl_cli.main", "serve", MODEL, "--port", str(port)],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
+    serve = [sys.executable, "-m", "arl_cli.main", "serve", MODEL, "--port", str(port)]
+    with process_group(serve, log, env=env, cwd=tmp_path) as proc:
         _wait_ready(f"http://127.0.0.1:{port}/ping", proc, log)
         url = f"http://127.0.0.1:{port}/invocations"
         status, answer = _post(url, json.dumps({"inputs": _obs(2).tolist()}).encode())
@@ -347,10 +327,3 @@ def test_arl_serve_answers_actions_and_refuses_malformed_requests(
             assert status == 400 and re.search(message, answer["message"]), (name, status, answer)
             assert "stack_trace" not in answer and "Traceback" not in answer["message"], name
         assert f"serving models:/{MODEL}/{champion}" in log.read_text()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
