@@ -1,4 +1,4 @@
-"""``arl train``: one offline stage (BC, CQL, TD3+BC, IQL) or the pipeline's offline half on a dataset.
+"""``arl train``: one offline stage (BC, CQL, TD3+BC, IQL, ReBRAC) or the pipeline's offline half.
 
 Mounted by ``arl_cli.main``. Heavy imports happen inside the commands; the options' defaults are the
 library's (:mod:`arl_cli.defaults`): the stage functions' keywords, and ``None`` for what the preset sets.
@@ -255,6 +255,45 @@ def train_iql_cmd(
     )
 
 
+@app.command("rebrac")
+def train_rebrac_cmd(
+    data: Data,
+    out: Out,
+    preset: Preset = _STAGE2.preset,
+    seed: Seed = _STAGE2.seed,
+    steps: Steps = None,
+    init_actor: InitActor = None,
+    constrained: Constrained = _STAGE2.constrained,
+    context_dim: ContextDim = None,
+    restart: Restart = False,
+    threads: Threads = None,
+    actor_bc_coef: Annotated[
+        float | None,
+        typer.Option(help="Weight of the BC penalty in the actor's loss (default: the preset's)."),
+    ] = None,
+    critic_bc_coef: Annotated[
+        float | None,
+        typer.Option(help="Weight of the BC penalty in the critic's target (default: the preset's)."),
+    ] = None,
+) -> None:
+    """ReBRAC with a cost critic (stage 2; Tarasov et al. 2023)."""
+    cfg = _preset_config("rebrac", preset, actor_bc_coef=actor_bc_coef, critic_bc_coef=critic_bc_coef)
+    _train(
+        "rebrac",
+        data,
+        out,
+        preset,
+        threads,
+        seed=seed,
+        steps=steps,
+        init_actor=init_actor,
+        constrained=constrained,
+        context_dim=context_dim,
+        config=cfg,
+        restart=restart,
+    )
+
+
 @app.command("offline")
 def train_offline_cmd(
     data: Data,
@@ -264,7 +303,8 @@ def train_offline_cmd(
     preset: Preset = _OFFLINE.preset,
     seed: Seed = _OFFLINE.seed,
     algo: Annotated[
-        str | None, typer.Option(help="cql | td3bc | iql (default: the preset's, the pipeline's stage 2).")
+        str | None,
+        typer.Option(help="cql | td3bc | iql | rebrac (default: the preset's, the pipeline's stage 2)."),
     ] = None,
     bc_steps: Annotated[int | None, typer.Option(help="BC gradient steps (default: the preset's).")] = None,
     steps: Annotated[

@@ -101,11 +101,35 @@ class EnsembleLinear(nn.Module):
         return torch.baddbmm(self.bias, x, self.weight)
 
 
+class EnsembleLayerNorm(nn.Module):
+    """Layer normalisation of each member's features, with a scale and shift per member: ``(E, B, D)``."""
+
+    def __init__(self, ensemble: int, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(ensemble, 1, dim))
+        self.bias = nn.Parameter(torch.zeros(ensemble, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.bias, F.layer_norm(x, x.shape[-1:], eps=self.eps), self.weight)
+
+
 class EnsembleCritic(nn.Module):
-    """``E`` Q-functions ``Q_e(s, a)``; ``forward`` returns ``(E, B)``."""
+    """``E`` Q-functions ``Q_e(s, a)``; ``forward`` returns ``(E, B)``.
+
+    With ``layer_norm`` every hidden layer's activations are normalised after the ReLU (Ba et al. 2016),
+    as ReBRAC's critics are (Tarasov et al. 2023; CORL's ``algorithms/offline/rebrac.py``); off, the
+    parameters and their names are those of a critic built before the option existed.
+    """
 
     def __init__(
-        self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], ensemble: int = 2, context_dim: int = 0
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: tuple[int, ...],
+        ensemble: int = 2,
+        context_dim: int = 0,
+        layer_norm: bool = False,
     ):
         super().__init__()
         _check_context(obs_dim, context_dim)
@@ -114,6 +138,7 @@ class EnsembleCritic(nn.Module):
         self.hidden = nn.ModuleList(
             EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True)
         )
+        self.norms = nn.ModuleList(EnsembleLayerNorm(ensemble, h) for h in hidden) if layer_norm else None
         self.out = EnsembleLinear(ensemble, dims[-1], 1)
         # FiLM weights per member for the input of every layer, (E, k, 2D), zero: see the module docstring
         self.film = (
@@ -129,6 +154,8 @@ class EnsembleCritic(nn.Module):
             x = modulate(x, torch.matmul(c, self.film[0]))
         for i, layer in enumerate(self.hidden, start=1):  # indexed, as in ConditionedMLP
             x = torch.relu_(layer(x))  # (E, B, H); in place: baddbmm's backward does not need its output
+            if self.norms is not None:
+                x = self.norms[i - 1](x)
             if self.film is not None:
                 x = modulate(x, torch.matmul(c, self.film[i]))
         return self.out(x).squeeze(-1)  # (E, B)

@@ -16,6 +16,7 @@ import torch
 from arl_models.algos.bc import BC, BCConfig
 from arl_models.algos.cql import CQL
 from arl_models.algos.iql import IQL
+from arl_models.algos.rebrac import ReBRAC
 from arl_models.algos.td3bc import TD3BC
 from arl_models.checkpoint import config_record, load_policy, record_references
 from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, read_dataset
@@ -28,7 +29,7 @@ from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
 from arl_models.warm_start import actor_from
 
-OFFLINE_CLASSES: dict[str, type] = {"cql": CQL, "td3bc": TD3BC, "iql": IQL}
+OFFLINE_CLASSES: dict[str, type] = {"cql": CQL, "td3bc": TD3BC, "iql": IQL, "rebrac": ReBRAC}
 """Stage 2's algorithms by name (``presets.OFFLINE_ALGOS``)."""
 
 
@@ -104,7 +105,7 @@ def _run(
     preset = get_preset(preset_name)
     out = Path(out)
     scaler = ActionScaler.of(info.action_low, info.action_high)
-    buffer = ReplayBuffer.from_transitions(t, scaler)
+    buffer = ReplayBuffer.from_transitions(t, scaler, next_actions=getattr(algo, "next_actions", False))
     batch_size = algo.cfg.batch_size
     entries = {"preset": preset_name, **(extra or {})}
     if prioritized is not None:
@@ -252,7 +253,8 @@ def train_offline_algo(
     context_dim: int | None = None,
     restart: bool = False,
 ) -> dict[str, float]:
-    """Stage 2: offline RL (``cql``, ``td3bc`` or ``iql``) with a cost critic, optionally from a BC actor.
+    """Stage 2: offline RL (``cql``, ``td3bc``, ``iql`` or ``rebrac``) with a cost critic, optionally from a
+    BC actor.
 
     With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
     multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` (CQL only) batches are

@@ -9,11 +9,12 @@ from typing import Any, TypeVar
 from arl_models.algos.bc import BCConfig
 from arl_models.algos.cql import CQLConfig
 from arl_models.algos.iql import IQLConfig
+from arl_models.algos.rebrac import ReBRACConfig
 from arl_models.algos.td3bc import TD3BCConfig
 
 C = TypeVar("C")
 
-OFFLINE_ALGOS = ("cql", "td3bc", "iql")
+OFFLINE_ALGOS = ("cql", "td3bc", "iql", "rebrac")
 """The algorithms stage 2 can run, each with a cost critic and constraint and a BC warm start."""
 
 
@@ -31,13 +32,14 @@ class Preset:
     cql: CQLConfig
     td3bc: TD3BCConfig
     iql: IQLConfig
+    rebrac: ReBRACConfig
     offline_algo: str
-    """Stage 2's algorithm: ``cql``, ``td3bc`` or ``iql`` (benchmarks/README.md, "Offline algorithms on data
-    the project did not make": IQL learns most on the Hopper logs there, and fine-tuning from it on the
-    Pendulum demo data ends far below fine-tuning from CQL, so the pipeline keeps CQL)."""
+    """Stage 2's algorithm: ``cql``, ``td3bc``, ``iql`` or ``rebrac`` (benchmarks/README.md, "Offline
+    algorithms on data the project did not make": IQL learns most on the Hopper logs there, and fine-tuning
+    from it on the Pendulum demo data ends far below fine-tuning from CQL, so the pipeline keeps CQL)."""
     offline_steps: dict[str, int]
-    """Gradient steps of stage 2 by algorithm: a CQL step costs several of TD3+BC's or IQL's (it evaluates
-    the critics on ``1 + 3N`` action sets), so each gets the budget the preset affords it."""
+    """Gradient steps of stage 2 by algorithm: a CQL step costs several of TD3+BC's, IQL's or ReBRAC's (it
+    evaluates the critics on ``1 + 3N`` action sets), so each gets the budget the preset affords it."""
     finetune_steps: int
     """Environment steps of constrained online fine-tuning (stage 3)."""
     continual_steps: int
@@ -57,6 +59,7 @@ class Preset:
             cql=replace(self.cql, seed=seed),
             td3bc=replace(self.td3bc, seed=seed),
             iql=replace(self.iql, seed=seed),
+            rebrac=replace(self.rebrac, seed=seed),
         )
 
     def offline_steps_of(self, algo: str | None = None) -> int:
@@ -81,8 +84,9 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(64, 64), batch_size=256, n_action_samples=10, actor_lr=3e-4, temp_lr=3e-4),
         td3bc=TD3BCConfig(hidden=(64, 64), batch_size=256),
         iql=IQLConfig(hidden=(64, 64), batch_size=256),
+        rebrac=ReBRACConfig(hidden=(64, 64), batch_size=256),
         offline_algo="cql",
-        offline_steps={"cql": 5_000, "td3bc": 30_000, "iql": 30_000},
+        offline_steps={"cql": 5_000, "td3bc": 30_000, "iql": 30_000, "rebrac": 30_000},
         finetune_steps=6_400,
         continual_steps=2_000,
         log_every=250,
@@ -91,7 +95,7 @@ PRESETS: dict[str, Preset] = {
         eval_episodes=10,
     ),
     # d3rlpy 2.8's CQL defaults: 256x256, 2 critics, 10 samples, batch 256, actor 1e-4, critic 3e-4,
-    # temperature 1e-4, conservative weight 5.
+    # temperature 1e-4, conservative weight 5. ReBRAC: CORL's (ReBRACConfig), batch 1024, two hidden layers.
     "paper": Preset(
         name="paper",
         bc=BCConfig(hidden=(256, 256), batch_size=256, lr=1e-3),
@@ -99,8 +103,9 @@ PRESETS: dict[str, Preset] = {
         cql=CQLConfig(hidden=(256, 256), batch_size=256),
         td3bc=TD3BCConfig(hidden=(256, 256), batch_size=256),
         iql=IQLConfig(hidden=(256, 256), batch_size=256),
+        rebrac=ReBRACConfig(hidden=(256, 256), batch_size=1024),
         offline_algo="cql",
-        offline_steps={"cql": 500_000, "td3bc": 1_000_000, "iql": 1_000_000},
+        offline_steps={"cql": 500_000, "td3bc": 1_000_000, "iql": 1_000_000, "rebrac": 1_000_000},
         finetune_steps=250_000,
         continual_steps=100_000,
         log_every=1_000,

@@ -25,6 +25,7 @@ best final score of the peers on the same dataset and seed, and its ratio to tha
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import io
 import json
@@ -34,7 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peer import d3rlpy_act_fn, d3rlpy_bc, d3rlpy_cql_like, d3rlpy_iql, d3rlpy_td3bc, to_mdp_dataset  # noqa: E402
+from peer import (  # noqa: E402
+    d3rlpy_act_fn,
+    d3rlpy_bc,
+    d3rlpy_cql_like,
+    d3rlpy_iql,
+    d3rlpy_rebrac,
+    d3rlpy_td3bc,
+    to_mdp_dataset,
+)
 
 from arl_models.algos.bc import BC  # noqa: E402
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset  # noqa: E402
@@ -53,7 +62,7 @@ from arl_models.offline import OFFLINE_CLASSES, conditioning, held_to_budget  # 
 from arl_models.presets import get_preset  # noqa: E402
 from arl_models.replay import ActionScaler, ReplayBuffer  # noqa: E402
 
-LEARNERS = ("bc", "td3bc", "iql", "cql")
+LEARNERS = ("bc", "td3bc", "iql", "cql", "rebrac")
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,10 @@ class Job:
     episodes: int
     preset: str
     bc_steps: int
-    """Steps of the BC actor our td3bc/iql/cql start from; 0: from scratch."""
+    """Steps of the BC actor our td3bc/iql/cql/rebrac start from; 0: from scratch."""
     constrained: bool
+    overrides: tuple[tuple[str, Any], ...] = ()
+    """Fields replaced in the preset's config of this learner, ours and d3rlpy's alike (``--set``)."""
 
     @property
     def name(self) -> str:
@@ -86,14 +97,15 @@ def build_ours(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
     """``(step, act, bc_init_s)``: one gradient step, environment actions, seconds of the BC start."""
     p = get_preset(job.preset)
     scaler = ActionScaler.of(info.action_low, info.action_high)
-    buffer = ReplayBuffer.from_transitions(t, scaler)
+    needs_next = getattr(OFFLINE_CLASSES.get(job.learner), "next_actions", False)
+    buffer = ReplayBuffer.from_transitions(t, scaler, next_actions=needs_next)
     ctx = conditioning(info, None)
     bc_cfg = replace(p.bc, seed=job.seed, context_dim=ctx)
     bc_init_s = 0.0
     if job.learner == "bc":
         algo: Any = BC(info.obs_dim, info.action_dim, bc_cfg)
     else:
-        cfg = replace(p.offline_config(job.learner), seed=job.seed, context_dim=ctx)
+        cfg = replace(config_of(job), seed=job.seed, context_dim=ctx)
         algo = held_to_budget(OFFLINE_CLASSES[job.learner], cfg, info, t, job.constrained)
         if job.bc_steps:
             t0 = time.perf_counter()
@@ -109,6 +121,11 @@ def build_ours(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
         lambda o: scaler.unnormalize(algo.act(o)),
         bc_init_s,
     )
+
+
+def config_of(job: Job) -> Any:
+    """The preset's config of the job's learner with the job's overrides."""
+    return replace(getattr(get_preset(job.preset), job.learner), **dict(job.overrides))
 
 
 def quiet_d3rlpy() -> Any:
@@ -139,13 +156,16 @@ def build_peer(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
             policy_type="stochastic" if cfg.policy == "gaussian" else "deterministic",
         )
     elif job.learner == "td3bc":
-        cfg = p.td3bc
+        cfg = config_of(job)
         algo = d3rlpy_td3bc(data, cfg, low, high)
     elif job.learner == "iql":
-        cfg = p.iql
+        cfg = config_of(job)
         algo = d3rlpy_iql(data, cfg, low, high)
+    elif job.learner == "rebrac":
+        cfg = config_of(job)
+        algo = d3rlpy_rebrac(data, cfg, low, high)
     else:
-        cfg = p.cql
+        cfg = config_of(job)
         alpha_lr = 0.0 if cfg.lagrangian_threshold is None else cfg.alpha_lr
         algo = d3rlpy_cql_like(data, cfg, alpha_lr=alpha_lr, action_low=low, action_high=high)
     return lambda: algo.update(data.sample_transition_batch(cfg.batch_size)), d3rlpy_act_fn(algo)
@@ -277,6 +297,25 @@ def dataset_meta(path: str) -> dict[str, Any]:
     }
 
 
+def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``LEARNER.FIELD=VALUE`` items as ``{learner: {field: value}}``, each value a Python literal (a bare
+    word stays a string); a field the learner's config lacks is refused here, not in a worker."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, _, text = item.partition("=")
+        learner, _, field = key.partition(".")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if learner not in LEARNERS or field not in {
+            f.name for f in fields(getattr(get_preset("demo"), learner))
+        }:
+            raise SystemExit(f"--set {item}: {learner!r} has no config field {field!r}")
+        out.setdefault(learner, {})[field] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help="dataset directories (arl data generate/import)")
@@ -287,10 +326,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--preset", default="demo", help="configs and networks: demo (64x64), paper (256x256)")
     ap.add_argument("--ours", nargs="*", default=["bc", "td3bc", "iql"], choices=LEARNERS)
     ap.add_argument("--peers", nargs="*", default=["td3bc", "iql"], choices=LEARNERS, help="d3rlpy's")
-    ap.add_argument("--bc-init", action="store_true", help="our td3bc/iql/cql start from our BC actor")
+    ap.add_argument("--bc-init", action="store_true", help="our td3bc/iql/cql/rebrac start from our BC actor")
     ap.add_argument("--bc-steps", type=int, default=None, help="steps of that BC actor (default: preset's)")
     ap.add_argument("--unconstrained", action="store_true", help="ours not held to the cost budget")
     ap.add_argument("--workers", type=int, default=2, help="processes, one thread each")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="LEARNER.FIELD=VALUE",
+        help="replace a field of a learner's preset config, ours and d3rlpy's (the value a Python literal: "
+        "rebrac.batch_size=1024 rebrac.hidden=(256,256))",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -304,8 +351,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bc_steps=bc_steps,
         constrained=not args.unconstrained,
     )
+    overrides = parse_set(args.set)
     jobs = [
-        Job(d, s, side, learner, **common)  # type: ignore[arg-type]
+        Job(d, s, side, learner, **common, overrides=tuple(overrides.get(learner, {}).items()))  # type: ignore[arg-type]
         for d in args.data
         for s in args.seeds
         for side, names in (("ours", args.ours), ("d3rlpy", args.peers))

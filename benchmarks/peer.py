@@ -27,9 +27,7 @@ TD3+BC
 - d3rlpy's actor is deterministic, ``tanh(mu(s))``; ours is the tanh-Gaussian actor acting by the same
   mean, whose ``log_std`` head also learns (``0.01`` times the clipped-Gaussian likelihood around the
   detached mean), a term that reaches the mean only through the shared trunk.
-- The BC term: d3rlpy (like the paper's ``F.mse_loss``) averages the squared error over batch and action
-  entries, ours sums over action entries and averages over the batch: on an ``A``-dimensional action the
-  BC term weighs ``A`` times more against the critic term on our side (the same on Pendulum, A = 1).
+- The BC term: both average the squared error over batch and action entries (the paper's ``F.mse_loss``).
 - d3rlpy updates actor and targets at gradient steps 0, 2, 4... (its counter before the step), ours at
   2, 4, 6...: the same number of actor steps, give or take one.
 
@@ -44,6 +42,15 @@ IQL
 - No learning-rate schedule on either side: d3rlpy 2.8.1's ``IQLConfig`` defaults to plain Adam (the
   paper's cosine decay of the actor's rate, with a return-based reward scale, is in d3rlpy's reproduction
   script ``reproductions/offline/iql.py``, not in its defaults).
+
+ReBRAC
+- d3rlpy's actor is deterministic, ours the tanh-Gaussian acting by its mean with TD3+BC's ``log_std``
+  term; actor and target updates at d3rlpy's and our steps as for TD3+BC.
+- LayerNorm: d3rlpy's comes from the critic encoder (``use_layer_norm``, after each hidden ReLU, as
+  CORL's); ours from ``EnsembleCritic(layer_norm=True)``, the same place. Both give the actor none.
+- The data's next action: d3rlpy's transition picker takes the next row's, zeros after a terminal row, and
+  drops the time-out row; ours takes the next row of the same episode, the row's own action at the end of
+  an episode (``replay.next_actions_of``).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import numpy as np
 import torch
 
 from arl_models.algos.iql import IQLConfig
+from arl_models.algos.rebrac import ReBRACConfig
 from arl_models.algos.td3bc import TD3BCConfig
 from arl_models.data.dataset import Transitions
 
@@ -107,10 +115,10 @@ def to_mdp_dataset(t: Transitions) -> Any:
     )
 
 
-def _encoder(hidden: tuple[int, ...]) -> Any:
+def _encoder(hidden: tuple[int, ...], layer_norm: bool = False) -> Any:
     from d3rlpy.models.encoders import VectorEncoderFactory
 
-    return VectorEncoderFactory(hidden_units=list(hidden))
+    return VectorEncoderFactory(hidden_units=list(hidden), use_layer_norm=layer_norm)
 
 
 def _action_scaler(low: np.ndarray | None, high: np.ndarray | None) -> Any:
@@ -262,6 +270,37 @@ def d3rlpy_iql(
         expectile=cfg.expectile,
         weight_temp=cfg.beta,
         max_weight=cfg.max_weight,
+        action_scaler=_action_scaler(action_low, action_high),
+    )
+    algo = peer_cfg.create(device=False)
+    algo.build_with_dataset(dataset)
+    return algo
+
+
+def d3rlpy_rebrac(
+    dataset: Any,
+    cfg: ReBRACConfig,
+    action_low: np.ndarray | None = None,
+    action_high: np.ndarray | None = None,
+) -> Any:
+    """d3rlpy's ReBRAC with the networks (LayerNorm in the critics or not), batch, learning rates, TD3
+    settings and BC coefficients of our ``ReBRACConfig``."""
+    import d3rlpy
+
+    peer_cfg = d3rlpy.algos.ReBRACConfig(
+        actor_encoder_factory=_encoder(cfg.hidden),
+        critic_encoder_factory=_encoder(cfg.hidden, layer_norm=cfg.critic_layer_norm),
+        batch_size=cfg.batch_size,
+        actor_learning_rate=cfg.actor_lr,
+        critic_learning_rate=cfg.critic_lr,
+        gamma=cfg.gamma,
+        tau=cfg.tau,
+        n_critics=cfg.n_critics,
+        target_smoothing_sigma=cfg.policy_noise,
+        target_smoothing_clip=cfg.noise_clip,
+        actor_beta=cfg.actor_bc_coef,
+        critic_beta=cfg.critic_bc_coef,
+        update_actor_interval=cfg.policy_freq,
         action_scaler=_action_scaler(action_low, action_high),
     )
     algo = peer_cfg.create(device=False)

@@ -41,7 +41,7 @@ class TrainingConfig(BaseModel):
     )
     seed: int = Field(0, ge=0, lt=2**32, description="Random seed of every stage.")
     bc_steps: int | None = Field(None, gt=0, description="BC gradient steps (empty: the preset's).")
-    offline_algo: Literal["cql", "td3bc", "iql"] | None = Field(
+    offline_algo: Literal["cql", "td3bc", "iql", "rebrac"] | None = Field(
         None, description="Stage 2's offline algorithm (empty: the preset's)."
     )
     offline_steps: int | None = Field(

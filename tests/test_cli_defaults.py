@@ -89,7 +89,7 @@ KEYWORD_DEFAULTS = [
     (("train", "bc"), "arl_models.offline", "train_bc", ("preset", "seed")),
     *(
         (("train", algo), "arl_models.offline", "train_offline_algo", ("preset", "seed", "constrained"))
-        for algo in ("cql", "td3bc", "iql")
+        for algo in ("cql", "td3bc", "iql", "rebrac")
     ),
     (("train", "offline"), "arl_models.offline", "train_offline", ("preset", "seed", "constrained")),
     (("up",), "tasks.stack", "up", ("prefect_port", "mlflow_port", "deploy", "mlflow_auth")),

@@ -1,5 +1,5 @@
-"""TD3+BC and IQL: finite updates, what moves, what each loss touches, determinism, warm start, resume;
-and BC's clipped-Gaussian likelihood on actions saturated at the bounds."""
+"""TD3+BC, IQL and ReBRAC: finite updates, what moves, what each loss touches, determinism, warm start,
+resume; and BC's clipped-Gaussian likelihood on actions saturated at the bounds."""
 
 import numpy as np
 import pytest
@@ -7,14 +7,22 @@ import torch
 
 from arl_models.algos.bc import BC, BCConfig, clipped_gaussian_log_prob, compute_bc_loss
 from arl_models.algos.iql import IQL, IQLConfig, expectile_loss
+from arl_models.algos.rebrac import ReBRAC, ReBRACConfig
 from arl_models.algos.td3bc import TD3BC, TD3BCConfig
 from arl_models.checkpoint import load_policy, read_config
 from arl_models.nets import TanhGaussianActor
 from arl_models.offline import train_bc, train_offline_algo
-from tests.conftest import make_buffer
+from arl_models.replay import ActionScaler, ReplayBuffer
+from tests.conftest import make_transitions
 
 SMALL = dict(hidden=(16, 16), batch_size=32)
 TINY = dict(preset="demo", progress=False, eval_episodes=0)
+
+
+def make_buffer() -> ReplayBuffer:
+    """``conftest.make_buffer`` with the data's next actions, which ReBRAC needs and the others ignore."""
+    scaler = ActionScaler(np.array([-2.0], np.float32), np.array([2.0], np.float32))
+    return ReplayBuffer.from_transitions(make_transitions(), scaler, next_actions=True)
 
 
 def _algos():
@@ -23,6 +31,8 @@ def _algos():
         TD3BC(3, 1, TD3BCConfig(**SMALL, policy_freq=1, cost_q_limit=0.1, context_dim=1)),
         IQL(3, 1, IQLConfig(**SMALL)),
         IQL(3, 1, IQLConfig(**SMALL, cost_q_limit=0.1, context_dim=1)),
+        ReBRAC(3, 1, ReBRACConfig(**SMALL, policy_freq=1)),
+        ReBRAC(3, 1, ReBRACConfig(**SMALL, policy_freq=1, cost_q_limit=0.1, context_dim=1)),
     ]
 
 
@@ -76,7 +86,9 @@ def test_iql_value_losses_are_expectiles():
 
 
 @pytest.mark.parametrize(
-    "cls,cfg", [(TD3BC, TD3BCConfig(**SMALL)), (IQL, IQLConfig(**SMALL))], ids=["td3bc", "iql"]
+    "cls,cfg",
+    [(TD3BC, TD3BCConfig(**SMALL)), (IQL, IQLConfig(**SMALL)), (ReBRAC, ReBRACConfig(**SMALL))],
+    ids=["td3bc", "iql", "rebrac"],
 )
 def test_same_seed_same_parameters(cls, cfg):
     def run():
@@ -90,7 +102,7 @@ def test_same_seed_same_parameters(cls, cfg):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("algo", ["td3bc", "iql"])
+@pytest.mark.parametrize("algo", ["td3bc", "iql", "rebrac"])
 def test_bc_warm_start_then_checkpoint_acts_like_the_live_policy_and_resumes(tiny_dataset, tmp_path, algo):
     train_bc(tiny_dataset, tmp_path / "bc", steps=3, **TINY)
     bc_actor = load_policy(tmp_path / "bc").actor.state_dict()
@@ -108,7 +120,7 @@ def test_bc_warm_start_then_checkpoint_acts_like_the_live_policy_and_resumes(tin
 
 
 def test_unknown_offline_algorithm_is_named(tiny_dataset, tmp_path):
-    with pytest.raises(ValueError, match="unknown offline algorithm 'awac'.*cql, td3bc, iql"):
+    with pytest.raises(ValueError, match="unknown offline algorithm 'awac'.*cql, td3bc, iql, rebrac"):
         train_offline_algo("awac", tiny_dataset, tmp_path / "x", steps=1, **TINY)
 
 

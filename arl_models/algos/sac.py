@@ -45,6 +45,9 @@ class SACConfig:
     """The FiLM weights' learning rate as a multiple of their network's (they start at zero, and Adam moves
     a weight about one learning rate a step); no effect without FiLM."""
     n_critics: int = 2
+    critic_layer_norm: bool = False
+    """LayerNorm after every hidden layer of the reward critic (Ba et al. 2016), as ReBRAC's critics have:
+    a warm start from ReBRAC carries it over."""
     """Critic ensemble size; targets take the ensemble minimum."""
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
@@ -82,9 +85,9 @@ class SAC:
         self.device = torch.device(device)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -float(act_dim)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(
-            self.device
-        )
+        self.critic = EnsembleCritic(
+            obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim, layer_norm=cfg.critic_layer_norm
+        ).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_temp = nn.Parameter(torch.tensor(math.log(cfg.init_temperature), device=self.device))
         self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)

@@ -1,5 +1,6 @@
-"""Fine-tuning starts from every stage-2 algorithm: TD3+BC and IQL hand over the networks they share with
-the online learner (actor, critics, cost critics) and the multiplier's state."""
+"""Fine-tuning starts from every stage-2 algorithm: TD3+BC, IQL and ReBRAC hand over the networks they share
+with the online learner (actor, critics, cost critics; ReBRAC's critics with their LayerNorms) and the
+multiplier's state."""
 
 from dataclasses import replace
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from arl_models.algos.iql import IQLConfig
+from arl_models.algos.rebrac import ReBRACConfig
 from arl_models.algos.td3bc import TD3BCConfig
 from arl_models.checkpoint import load_policy, read_config
 from arl_models.offline import train_offline_algo
@@ -16,6 +18,7 @@ TINY = FinetuneConfig(steps=400, num_envs=2, vector="sync", utd=0.05, eval_episo
 CONFIGS = {
     "td3bc": TD3BCConfig(hidden=(16, 16), batch_size=32),
     "iql": IQLConfig(hidden=(16, 16), batch_size=32),
+    "rebrac": ReBRACConfig(hidden=(16, 16), batch_size=32),
 }
 
 
@@ -46,6 +49,9 @@ def test_warm_start_loads_the_shared_networks_and_the_multiplier(start):
 
     weights = load_file(str(start / "weights.safetensors"))
     assert torch.equal(weights["cost_critic.out.weight"], algo.cost_critic.state_dict()["out.weight"])
+    critic = algo.critic.state_dict()
+    assert all(torch.equal(weights[f"critic.{k}"], v) for k, v in critic.items() if f"critic.{k}" in weights)
+    assert (algo.critic.norms is not None) == (start.name == "rebrac")
 
 
 def test_finetune_runs_from_the_checkpoint(start, tmp_path):
