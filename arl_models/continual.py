@@ -46,7 +46,7 @@ from arl_models.checkpoint import (
 )
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
-from arl_models.evaluate import EVAL_SEED, evaluate
+from arl_models.evaluate import EVAL_SEED, EvalResult, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.offline import dataset_record, env_record, held_to_budget, live_eval
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
@@ -92,11 +92,20 @@ def version_key(info: DatasetInfo) -> str:
     return f"{info.task}@{info.env_version}"
 
 
+def evaluate_on(
+    policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int = EVAL_SEED
+) -> EvalResult:
+    """Episodes of a checkpoint's policy on a dataset's task version."""
+    return evaluate(load_policy(policy_dir).act, get_task(info.task, info.env_version), episodes, seed=seed)
+
+
+def _score(res: EvalResult, info: DatasetInfo) -> float:
+    return res.mean_return if info.references is None else info.normalized_score(res.mean_return)
+
+
 def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int = EVAL_SEED) -> float:
     """Normalised score (or raw return without reference scores) of a checkpoint on a dataset's version."""
-    policy = load_policy(policy_dir)
-    res = evaluate(policy.act, get_task(info.task, info.env_version), episodes, seed=seed)
-    return res.mean_return if info.references is None else info.normalized_score(res.mean_return)
+    return _score(evaluate_on(policy_dir, info, episodes, seed), info)
 
 
 def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
@@ -246,19 +255,23 @@ def _history(from_dir: Path) -> dict[str, float]:
     return dict(read_config(from_dir).get("continual", {}).get("best_scores", {}))
 
 
-def forgetting_report(start: Path, final: Path, infos: list[DatasetInfo], episodes: int) -> dict[str, Any]:
+def forgetting_report(
+    start: Path, final: Path, infos: list[DatasetInfo], episodes: int, seed: int = EVAL_SEED
+) -> dict[str, Any]:
     """Scores of ``final`` on every version and its forgetting on the earlier ones, against the best
     earlier scores of the chain ``start`` continues (any policy checkpoint can be ``final``: the EWC
-    branch's, or a stage that trained on the new version alone).
+    branch's, or a stage that trained on the new version alone); also its mean cost on the new version.
 
     Both ends are scored by the policy they hand over (``handed_over``: a fine-tuning stage's ``best/``),
     so forgetting is measured against what was served, while training continued from the last weights."""
     best = _history(start)
     keys = [version_key(i) for i in infos]
     served_start, served_final = handed_over(start), handed_over(final)
-    start_scores = {k: score_on(served_start, i, episodes) for k, i in zip(keys, infos, strict=True)}
-    scores = {k: score_on(served_final, i, episodes) for k, i in zip(keys, infos, strict=True)}
+    start_scores = {k: score_on(served_start, i, episodes, seed) for k, i in zip(keys, infos, strict=True)}
     earlier = keys[:-1]
+    scores = {k: score_on(served_final, i, episodes, seed) for k, i in zip(earlier, infos, strict=False)}
+    new = evaluate_on(served_final, infos[-1], episodes, seed)
+    scores[keys[-1]] = _score(new, infos[-1])
     for k in earlier:
         best[k] = max(best.get(k, -np.inf), start_scores[k])
     forgetting = {k: best[k] - scores[k] for k in earlier}
@@ -271,6 +284,8 @@ def forgetting_report(start: Path, final: Path, infos: list[DatasetInfo], episod
         "mean_forgetting": float(np.mean(list(forgetting.values()))) if earlier else 0.0,
         "new_version": keys[-1],
         "new_score": scores[keys[-1]],
+        "new_cost": new.mean_cost,
+        "cost_budget": new.cost_budget,
         "best_scores": new_best,
         "versions": keys,
     }

@@ -101,28 +101,30 @@ def measure_candidate(
     known: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """What the retraining rule weighs for ``stage``'s policy: its mean forgetting on the versions of
-    ``start``'s chain against their best scores and its score on the new version (``known`` when the stage
-    measured them itself, as EWC does), and its mean episode cost on the new version with the gate's
-    episodes and seed."""
+    ``start``'s chain against their best scores, and its score and mean episode cost on the new version,
+    over the gate's episodes and seed (the forgetting and score are ``known`` when the stage measured them
+    itself, as EWC does; each version is evaluated once)."""
     from arl_models.checkpoint import handed_over
-    from arl_models.continual import forgetting_report, version_key
+    from arl_models.continual import evaluate_on, forgetting_report
     from arl_models.data.dataset import read_info
-    from arl_models.offline import evaluate_checkpoint
 
     infos = [read_info(p) for p in [*start["previous"], data_dir]]
     if known is None:
-        r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes)
-        known = {"forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
-    res = evaluate_checkpoint(handed_over(checkpoint), version_key(infos[-1]), episodes, seed)
+        r = forgetting_report(Path(start["checkpoint"]), Path(checkpoint), infos, episodes, seed)
+        measured = {"forgetting": r["mean_forgetting"], "new_score": r["new_score"]}
+        cost = {"mean_cost": r["new_cost"], "cost_budget": r["cost_budget"]}
+    else:
+        res = evaluate_on(handed_over(checkpoint), infos[-1], episodes, seed)
+        measured, cost = known, {"mean_cost": res.mean_cost, "cost_budget": res.cost_budget}
     get_run_logger().info(
         "%s forgets %.2f, scores %.2f on the new version at a mean cost of %.2f (budget %g)",
         stage,
-        known["forgetting"],
-        known["new_score"],
-        res.mean_cost,
-        res.cost_budget,
+        measured["forgetting"],
+        measured["new_score"],
+        cost["mean_cost"],
+        cost["cost_budget"],
     )
-    return {"stage": stage, **known, "mean_cost": res.mean_cost, "cost_budget": res.cost_budget}
+    return {"stage": stage, **measured, **cost}
 
 
 def choose_candidate(

@@ -202,6 +202,11 @@ def test_forgetting_is_measured_against_the_policy_the_start_hands_over(tiny_cql
     assert served != own
     assert report["ewc"]["start_scores"]["safe-pendulum@1.0.0"] == served
     assert read_config(tmp_path / "cl")["from"] == str(start)
+    # the new version is evaluated once: its score and its mean cost come from the same episodes
+    from arl_models.continual import evaluate_on
+
+    res = evaluate_on(tmp_path / "cl", read_dataset(new)[1], 1)
+    assert report["ewc"]["new_cost"] == res.mean_cost and report["ewc"]["cost_budget"] == res.cost_budget
 
 
 def test_rehearsal_batches_hold_the_earlier_versions_at_the_exact_share(pendulum_data, tmp_path):
