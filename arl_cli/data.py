@@ -50,6 +50,9 @@ def data_generate(
 ) -> None:
     """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
     from arl_models.data.generate import generate_dataset
+    from arl_models.presets import apply_threads
+
+    apply_threads("demo")  # the behaviour SAC is a learner: one torch thread, as the stages have
 
     try:
         info = generate_dataset(

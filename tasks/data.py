@@ -84,7 +84,9 @@ def generate_dataset_task(
     import sys
 
     from arl_models.data.generate import generate_dataset
+    from arl_models.presets import apply_threads
 
+    apply_threads("demo")  # the behaviour SAC is a learner: one torch thread, as the stages have
     info = generate_dataset(
         task_name,
         quality,
