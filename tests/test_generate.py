@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from arl_models.data.behaviour import behaviour_config, default_behaviour_dir
 from arl_models.data.dataset import read_dataset
-from arl_models.data.generate import behaviour_config, default_behaviour_dir, generate_dataset
+from arl_models.data.generate import generate_dataset
 from arl_models.envs.registry import get_task
 
 

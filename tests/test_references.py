@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import arl_models.data.references as references
 from arl_cli.main import app
 from arl_models.data import read_info
-from arl_models.data.generate import behaviour_config, default_behaviour_dir
+from arl_models.data.behaviour import behaviour_config, default_behaviour_dir
 from arl_models.data.importers import import_d4rl
 from arl_models.data.references import D4RL_REFERENCES, reference_returns, resolve_references
 from arl_models.envs import get_task, make_env, task_versions

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arl_models.data.generate import behaviour_config, default_behaviour_dir
+from arl_models.data.behaviour import behaviour_config, default_behaviour_dir
 from arl_models.envs.registry import TaskSpec, env_dims, get_task
 from arl_models.evaluate import evaluate
 from arl_models.replay import ActionScaler
@@ -44,7 +44,7 @@ D4RL_REFERENCES: dict[str, tuple[float, float]] = {
 
 RANDOM_EPISODES = 10
 RANDOM_SEED = 0
-"""As a seed-0 behaviour run measures its random return (:func:`arl_models.data.generate.train_behaviour`)."""
+"""As a seed-0 behaviour run measures its random return (:mod:`arl_models.data.behaviour`)."""
 
 
 @dataclass(frozen=True)

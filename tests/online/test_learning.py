@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from arl_models.algos.cql import CQLConfig
+from arl_models.data.behaviour import RANDOM_POLICY_HASH
 from arl_models.data.dataset import write_dataset
-from arl_models.data.generate import RANDOM_POLICY_HASH
 from arl_models.data.recorder import rollout
 from arl_models.envs.registry import get_task
 from arl_models.offline import train_cql
