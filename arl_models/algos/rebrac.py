@@ -21,17 +21,15 @@ as TD3+BC's does, so a BC actor warm-starts it and fine-tuning takes it as it ta
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from arl_models.algos.bc import clipped_gaussian_log_prob
-from arl_models.algos.constrained import ActorCriticConfig, CostSide, OfflineActorCritic
+from arl_models.algos.constrained import ActorCriticConfig
 from arl_models.algos.sac import _frozen, td_loss
-from arl_models.algos.td3bc import smoothed_target_action
-from arl_models.nets import EnsembleCritic, TanhGaussianActor, copy_matching, network_adam, soft_update
+from arl_models.algos.td3bc import TD3BC
+from arl_models.nets import EnsembleCritic, TanhGaussianActor
 from arl_models.replay import Batch
 
 SPREAD_WEIGHT = 0.01
@@ -141,104 +139,37 @@ def compute_actor_loss(
     return ReBRACLosses(actor=loss, bc=bc.detach(), q_scale=scale, qc=qc.detach())
 
 
-class ReBRAC(OfflineActorCritic):
+class ReBRAC(TD3BC):
+    """TD3+BC's learner (networks, optimisers, warm start, the delayed update, the cost side) with
+    ReBRAC's critics, critic target and actor loss."""
+
     name = "rebrac"
     config_cls = ReBRACConfig
     next_actions = True
     """Batches must carry the data's next action (``ReplayBuffer(..., next_actions=True)``)."""
+    cfg: ReBRACConfig
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: ReBRACConfig, device: str | torch.device = "cpu"):
-        torch.manual_seed(cfg.seed)
-        self.cfg = cfg
-        self.obs_dim, self.act_dim = obs_dim, act_dim
-        self.device = torch.device(device)
-        self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
-        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic = EnsembleCritic(
+    def make_critic(self, obs_dim: int, act_dim: int) -> EnsembleCritic:
+        cfg = self.cfg
+        return EnsembleCritic(
             obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim, layer_norm=cfg.critic_layer_norm
-        ).to(self.device)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
-        self.critic_opt = network_adam(self.critic, cfg.critic_lr, cfg.context_lr_scale)
-        self.cost: CostSide | None = None
-        if cfg.learn_cost:
-            self.cost = CostSide(
-                obs_dim,
-                act_dim,
-                cfg.hidden,
-                cfg.n_critics,
-                cfg.context_dim,
-                cfg.critic_lr,
-                cfg.context_lr_scale,
-                cfg.pid,
-                self.device,
-            )
-        self.constraint_obs: torch.Tensor | None = None
-        self.step = 0
+        )
 
-    def networks(self) -> dict[str, nn.Module]:
-        nets: dict[str, nn.Module] = {
-            "actor": self.actor,
-            "actor_target": self.actor_target,
-            "critic": self.critic,
-            "critic_target": self.critic_target,
-        }
-        return nets | (self.cost.networks() if self.cost else {})
-
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        opts: dict[str, torch.optim.Optimizer] = {"actor": self.actor_opt, "critic": self.critic_opt}
-        return opts | ({"cost_critic": self.cost.opt} if self.cost else {})
-
-    def warm_start_actor(self, actor_state: dict[str, torch.Tensor]) -> list[str]:
-        """Start actor and target actor from a BC actor's matching weights; returns the keys copied."""
-        copied = copy_matching(self.actor, actor_state)
-        self.actor_target.load_state_dict(self.actor.state_dict())
-        return copied
-
-    def _step(self, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    def update(self, batch: Batch) -> dict[str, float]:
+    def critic_loss(self, batch: Batch, next_act: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         if batch.next_act is None:
             raise ValueError(
                 "ReBRAC needs the data's next actions: a ReplayBuffer built with next_actions=True"
             )
-        cfg = self.cfg
-        with torch.no_grad():
-            next_act = smoothed_target_action(
-                self.actor_target, batch.next_obs, cfg.policy_noise, cfg.noise_clip
-            )
-        critic_loss, q = compute_critic_loss(
-            self.critic, self.critic_target, batch, next_act, cfg.gamma, cfg.critic_bc_coef
+        loss, q = compute_critic_loss(
+            self.critic, self.critic_target, batch, next_act, self.cfg.gamma, self.cfg.critic_bc_coef
         )
-        self._step(self.critic_opt, critic_loss)
-        metrics: dict[str, float] = {"loss_critic": critic_loss.item(), "q_data": q.mean().item()}
-        if self.cost is not None:
-            with torch.no_grad():
-                qc_next = self.cost.target(batch.next_obs, next_act).max(0).values
-            metrics["loss_cost_critic"] = self.cost.step(batch, qc_next, cfg.gamma, cfg.tau)
-        self.step += 1
-        if self.step % cfg.policy_freq == 0:
-            metrics |= self._actor_step(batch)
-        return metrics
+        return loss, {"q_data": q.mean().item()}
 
-    def _actor_step(self, batch: Batch) -> dict[str, float]:
-        """The delayed step: actor, then both targets, then the multiplier."""
-        cfg = self.cfg
+    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         multiplier = None
-        if self.cost is not None and cfg.cost_q_limit is not None:
+        if self.cost is not None and self.cfg.cost_q_limit is not None:
             multiplier = self.cost.lagrangian.value
-        losses = compute_actor_loss(
-            self.actor, self.critic, batch, cfg, self.cost.critic if self.cost else None, multiplier
-        )
-        self._step(self.actor_opt, losses.actor)
-        soft_update(self.critic_target, self.critic, cfg.tau)
-        soft_update(self.actor_target, self.actor, cfg.tau)
+        cost_critic = self.cost.critic if self.cost else None
+        losses = compute_actor_loss(self.actor, self.critic, batch, self.cfg, cost_critic, multiplier)
         metrics = losses.metrics()
-        if self.cost is not None:
-            measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
-            metrics |= {"qc_policy": losses.qc.mean().item()}
-            metrics |= self.cost.update_multiplier(measured, cfg.cost_q_limit)
-        return metrics
+        return losses.actor, {k: v for k, v in metrics.items() if k != "loss_actor"}, losses.qc

@@ -64,9 +64,7 @@ class TD3BC(OfflineActorCritic):
         self.device = torch.device(device)
         self.actor = TanhGaussianActor(obs_dim, act_dim, cfg.hidden, cfg.context_dim).to(self.device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
-        self.critic = EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim).to(
-            self.device
-        )
+        self.critic = self.make_critic(obs_dim, act_dim).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_opt = network_adam(self.actor, cfg.actor_lr, cfg.context_lr_scale)
         self.critic_opt = network_adam(self.critic, cfg.critic_lr, cfg.context_lr_scale)
@@ -107,14 +105,19 @@ class TD3BC(OfflineActorCritic):
         self.actor_target.load_state_dict(self.actor.state_dict())
         return copied
 
-    def critic_loss(self, batch: Batch, next_act: torch.Tensor) -> torch.Tensor:
+    def make_critic(self, obs_dim: int, act_dim: int) -> EnsembleCritic:
+        cfg = self.cfg
+        return EnsembleCritic(obs_dim, act_dim, cfg.hidden, cfg.n_critics, cfg.context_dim)
+
+    def critic_loss(self, batch: Batch, next_act: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The critics' TD loss against the smoothed target action ``next_act``, and metrics."""
         with torch.no_grad():
             q_next = self.critic_target(batch.next_obs, next_act).min(0).values  # (B,)
             target = batch.rew + self.cfg.gamma * (1.0 - batch.done) * q_next
-        return td_loss(self.critic(batch.obs, batch.act), target)
+        return td_loss(self.critic(batch.obs, batch.act), target), {}
 
-    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(loss, bc term, Q_c(s, pi(s)))``; the critics take no gradient."""
+    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """``(loss, metrics, Q_c(s, pi(s)))``; the critics take no gradient."""
         act = self.actor.act_mean(batch.obs)
         with _frozen(self.critic):
             q = self.critic(batch.obs, act)[0]  # (B,): the first critic, as the paper
@@ -128,31 +131,31 @@ class TD3BC(OfflineActorCritic):
                 objective = q - self.cost.lagrangian.value * qc
         bc = (act - batch.act).pow(2).mean()  # over batch and action entries, as the paper's mse_loss
         spread = -clipped_gaussian_log_prob(self.actor, batch.obs, batch.act, detach_mean=True).mean()
-        return -(lam * objective).mean() + bc + 0.01 * spread, bc, qc.detach()
+        return -(lam * objective).mean() + bc + 0.01 * spread, {"loss_bc": bc.item()}, qc.detach()
 
     def update(self, batch: Batch) -> dict[str, float]:
         with torch.no_grad():
             next_act = smoothed_target_action(
                 self.actor_target, batch.next_obs, self.cfg.policy_noise, self.cfg.noise_clip
             )
-        critic_loss = self.critic_loss(batch, next_act)
+        critic_loss, critic_metrics = self.critic_loss(batch, next_act)
         self.critic_opt.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_opt.step()
-        metrics: dict[str, float] = {"loss_critic": critic_loss.item()}
+        metrics: dict[str, float] = {"loss_critic": critic_loss.item()} | critic_metrics
         if self.cost is not None:
             with torch.no_grad():
                 qc_next = self.cost.target(batch.next_obs, next_act).max(0).values
             metrics["loss_cost_critic"] = self.cost.step(batch, qc_next, self.cfg.gamma, self.cfg.tau)
         self.step += 1
         if self.step % self.cfg.policy_freq == 0:
-            actor_loss, bc, qc = self.actor_loss(batch)
+            actor_loss, actor_metrics, qc = self.actor_loss(batch)
             self.actor_opt.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_opt.step()
             soft_update(self.critic_target, self.critic, self.cfg.tau)
             soft_update(self.actor_target, self.actor, self.cfg.tau)
-            metrics |= {"loss_actor": actor_loss.item(), "loss_bc": bc.item()}
+            metrics |= {"loss_actor": actor_loss.item()} | actor_metrics
             if self.cost is not None:
                 measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
                 metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(
