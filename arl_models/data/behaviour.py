@@ -31,7 +31,7 @@ from arl_models.checkpoint import (
     saved_record,
 )
 from arl_models.data.dataset import DatasetInfo, write_dataset
-from arl_models.data.recorder import TransitionRecorder, policy_hash
+from arl_models.data.recorder import COLUMNS, TransitionRecorder, policy_hash
 from arl_models.envs.registry import TaskSpec, env_dims, make_env
 from arl_models.evaluate import evaluate
 from arl_models.nets import TanhGaussianActor
@@ -40,7 +40,6 @@ from arl_models.replay import ActionScaler, ReplayBuffer
 RANDOM_POLICY_HASH = hashlib.sha256(b"uniform-random-policy").hexdigest()
 RESUME = ".resume"
 """The folder, inside a behaviour run's directory, that holds its checkpoint until the run completes."""
-_RECORDED = ("obs", "action", "reward", "cost", "next_obs", "terminated", "truncated", "episode_id", "step")
 
 
 @dataclass(frozen=True)
@@ -245,7 +244,7 @@ def _step(run: _Run, env, obs: np.ndarray, t: int, cfg: BehaviourConfig, scaler,
 def _save_run(where: Path, run: _Run, cfg: BehaviourConfig) -> None:
     hashes = sorted(set(run.rec.policy_hashes))
     index = {h: i for i, h in enumerate(hashes)}
-    rows = {f"rec.{k}": torch.as_tensor(np.asarray(run.rec.rows[k])) for k in _RECORDED}
+    rows = {f"rec.{k}": torch.as_tensor(v) for k, v in run.rec.columns().items()}
     rows["rec.policy"] = torch.as_tensor([index[h] for h in run.rec.policy_hashes], dtype=torch.int32)
     snaps = {f"snap.{i}.{k}": v for i, s in enumerate(run.snapshots) for k, v in s["state"].items()}
     record = {
@@ -271,14 +270,14 @@ def _resume(where: Path, cfg: BehaviourConfig, env_rec: dict[str, Any]) -> _Run:
     tensors = load_train_state(where, sac)
     buffer = ReplayBuffer(cfg.steps, env_rec["obs_dim"], env_rec["action_dim"])
     buffer.load_state_dict(tensors)
-    rec = TransitionRecorder()
-    rec.rows = {k: list(tensors[f"rec.{k}"].numpy()) for k in _RECORDED}
-    hashes = record["recorder"]["hashes"]
-    rec.policy_hashes = [hashes[i] for i in tensors["rec.policy"].tolist()]
-    rec.episode_id, rec.t = record["recorder"]["episode_id"], record["recorder"]["t"]
-    if rec.t:  # the interrupted episode ends here; the run goes on from a fresh reset
-        rec.rows["truncated"][-1] = True
-        rec.episode_id, rec.t = rec.episode_id + 1, 0
+    hashes, saved = record["recorder"]["hashes"], record["recorder"]
+    rec = TransitionRecorder.restore(
+        {k: tensors[f"rec.{k}"].numpy() for k in COLUMNS},
+        [hashes[i] for i in tensors["rec.policy"].tolist()],
+        saved["episode_id"],
+        saved["t"],
+    )
+    rec.end_episode()  # the interrupted episode ends here; the run goes on from a fresh reset
     rng = np.random.default_rng()
     rng.bit_generator.state = record["rng"]
     snapshots = [
