@@ -1,11 +1,13 @@
-"""``offline_to_online_flow``: pull -> validate -> BC -> offline RL -> fine-tuning -> [EWC] -> evaluate ->
-register -> gate.
+"""``offline_to_online_flow``: pull -> validate -> train -> evaluate -> register -> gate.
 
-Stages 1-3 train a policy on the version asked for. Stage 4 runs when the champion has learned other data
-versions: it continues the champion on the new version with an EWC penalty over the champion's chain of
-versions and measures forgetting on each of them; the gate then judges the better of its policy and stage
-3's by :func:`tasks.continual.choose_candidate`. Without a champion, or when the champion has seen this
-version, the gate judges stage 3's. A failure tags the MLflow run with its stage (:mod:`tasks.failures`).
+A first run, or a run on a version the champion has learned, trains stages 1-3 on the version asked for
+(BC, offline RL from it, fine-tuning from that) and the gate judges stage 3's policy. A retraining run (a
+version the champion has not learned) continues the champion instead: stage 4 trains it on the new version
+under an EWC penalty over the champion's chain of versions and measures forgetting on each of them. Its
+policy is the candidate when it forgets within the gate's bound and keeps the mean cost within the budget;
+otherwise (or when stage 4 diverges) stages 1-3 train the new version from scratch and the gate judges
+the better of the two by :func:`tasks.continual.choose_candidate`. A failure tags the MLflow run with its
+stage (:mod:`tasks.failures`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flows.params import (
     TrainingConfig,
 )
 from tasks import tracking
-from tasks.continual import choose_candidate, earlier_versions, measure_candidate
+from tasks.continual import choose_candidate, earlier_versions, fits, measure_candidate
 from tasks.data import flow_data_repo, pull_dataset_task
 from tasks.evaluate import evaluate_policy, promote_policy, register_stage_policy
 from tasks.failures import end_failed_pipeline_run, tag_failed_stage
@@ -66,35 +68,46 @@ class _Stages:
 
     @property
     def diverged(self) -> bool:
-        return bool(self.notes)
+        return any(n.startswith("stage ") for n in self.notes)
 
 
-def _train_new_version(stages: _Stages, finetune: bool) -> None:
-    """Stages 1-3 on the version asked for: BC, offline RL from it, fine-tuning from that."""
-    stages.run("bc")
+def _train_new_version(stages: _Stages, finetune: bool) -> dict[str, Any]:
+    """Stages 1-3 on the version asked for: BC, offline RL from it, fine-tuning from that; a stage after
+    one that diverged does not run. Returns the last that trained."""
+    last = stages.run("bc")
+    assert last is not None  # BC's divergence fails the run
     for name, wanted in (("offline", True), ("finetune", finetune)):
-        if wanted and not stages.diverged:
-            stages.run(name, init_from=stages.done[-1])
+        result = stages.run(name, init_from=last) if wanted else None
+        if result is None:
+            break
+        last = result
+    return last
 
 
-def _retrain_candidate(stages: _Stages, start: dict, gate: GateConfig) -> tuple[dict, float]:
-    """Stage 4 on a version the champion has not learned (skipped after a stage diverged), and the policy
-    the gate then judges (:func:`tasks.continual.choose_candidate`): of EWC's and the last of stages 1-3,
-    the best new-version score among those within the forgetting bound and the cost budget. Returns it and
-    its forgetting, which is measured whichever it is."""
-    last = stages.done[-1]
+def _budget(gate: GateConfig, measured: dict[str, Any]) -> float:
+    """The gate's cost budget, else the task's (as the candidate was measured against)."""
+    return gate.cost_budget if gate.cost_budget is not None else measured["cost_budget"]
+
+
+def _retrain(stages: _Stages, start: dict, gate: GateConfig, finetune: bool) -> tuple[dict, float]:
+    """A version the champion has not learned: stage 4 continues the champion on it. When its policy
+    forgets within the bound and keeps the mean cost within the budget it is the candidate; otherwise (or
+    when stage 4 diverged) stages 1-3 train the version from scratch and
+    :func:`tasks.continual.choose_candidate` picks between the two. Returns the candidate and its
+    forgetting, which is measured whichever it is."""
     measure = (start, stages.data["dir"], gate.eval_episodes, gate.eval_seed)
-    ewc = None if stages.diverged else stages.run("ewc", init_from=start, previous=start["previous"])
+    measured = measure_candidate.with_options(**HOOKED)
     options = []
+    ewc = stages.run("ewc", init_from=start, previous=start["previous"])
     if ewc is not None:
         m = ewc["metrics"]
         known = {"forgetting": m["continual/ewc_mean_forgetting"], "new_score": m["continual/ewc_new_score"]}
-        options.append(
-            measure_candidate.with_options(**HOOKED)("ewc", ewc["checkpoint"], *measure, known=known)
-        )
-    options.append(measure_candidate.with_options(**HOOKED)(last["stage"], last["checkpoint"], *measure))
-    budget = gate.cost_budget if gate.cost_budget is not None else options[0]["cost_budget"]
-    chosen, why = choose_candidate(options, gate.max_forgetting, budget)
+        options.append(measured("ewc", ewc["checkpoint"], *measure, known=known))
+    if not options or not fits(options[0], gate.max_forgetting, _budget(gate, options[0])):
+        get_run_logger().info("stage 4's policy is outside the gate's bounds: stages 1-3 train from scratch")
+        last = _train_new_version(stages, finetune)
+        options.append(measured(last["stage"], last["checkpoint"], *measure))
+    chosen, why = choose_candidate(options, gate.max_forgetting, _budget(gate, options[0]))
     stages.notes.append(why)
     pick = next(s for s in stages.done if s["stage"] == chosen)
     return pick, next(o["forgetting"] for o in options if o["stage"] == chosen)
@@ -161,12 +174,14 @@ def offline_to_online_flow(
     validation = validate_in_run.with_options(**HOOKED)(data["dir"], run_id, uri)
 
     stages = _Stages(training.stage_specs(gate.eval_episodes), data, run_id, uri, runs, refresh_cache)
-    _train_new_version(stages, finetune=training.finetune_steps != 0)
-    final, forgetting = stages.done[-1], None
+    finetune = training.finetune_steps != 0
+    start = None
     if training.continual_steps != 0:
         start = earlier_versions.with_options(**HOOKED)(model_name, data, data["repo"], runs, uri)
-        if start is not None:
-            final, forgetting = _retrain_candidate(stages, start, gate)
+    if start is None:
+        final, forgetting = _train_new_version(stages, finetune), None
+    else:
+        final, forgetting = _retrain(stages, start, gate, finetune)
     if stages.diverged:
         stages.notes.append(f"the gate judges {final['stage']}")
 
@@ -200,7 +215,7 @@ def offline_to_online_flow(
         siblings=[v["version"] for v, s in zip(versions, stages.done, strict=True) if s is not final],
     )
 
-    report = continual_report(stages.done[-1])
+    report = continual_report(stages.done[0])
     if report:
         tracking.log_forgetting_plot(run_id, report, bound=gate.max_forgetting, tracking_uri=uri)
     finish_pipeline_run(run_id, "FINISHED", uri, metrics=run_summary(stages.done, evaluation, forgetting))

@@ -127,6 +127,12 @@ def measure_candidate(
     return {"stage": stage, **measured, **cost}
 
 
+def fits(option: dict[str, Any], max_forgetting: float, cost_budget: float) -> bool:
+    """Whether a measured policy forgets at most ``max_forgetting`` and keeps its mean cost on the new
+    version within ``cost_budget``."""
+    return option["forgetting"] <= max_forgetting and option["mean_cost"] <= cost_budget
+
+
 def choose_candidate(
     options: list[dict[str, Any]], max_forgetting: float, cost_budget: float
 ) -> tuple[str, str]:
@@ -136,15 +142,15 @@ def choose_candidate(
     it trained. The rule: of the policies that forget at most ``max_forgetting`` and keep the mean cost
     within ``cost_budget`` on the new version, the one scoring best there; when none does, the first
     option, which the gate then refuses with its reasons."""
-    fits = [o for o in options if o["forgetting"] <= max_forgetting and o["mean_cost"] <= cost_budget]
+    fitting = [o for o in options if fits(o, max_forgetting, cost_budget)]
     described = "; ".join(
         f"{o['stage']} forgets {o['forgetting']:.4g}, scores {o['new_score']:.4g} at cost "
         f"{o['mean_cost']:.4g} on the new version"
         for o in options
     )
     bounds = f"the forgetting bound {max_forgetting:g} and the cost budget {cost_budget:g}"
-    if fits:
-        best = max(fits, key=lambda o: o["new_score"])
+    if fitting:
+        best = max(fitting, key=lambda o: o["new_score"])
         return best[
             "stage"
         ], f"candidate {best['stage']}: the best new-version score within {bounds} ({described})"
