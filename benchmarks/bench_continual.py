@@ -82,7 +82,7 @@ def main() -> None:
         help="the FiLM weights' learning rate as a multiple of their network's, both chains (default: "
         "SACConfig's, 30; 1 as before stop 22)",
     )
-    p.add_argument("--ewc-weight", type=float, help="EWC penalty weight (default: EWCConfig's, 100)")
+    p.add_argument("--ewc-weight", type=float, help="EWC penalty weight (default: EWCConfig's)")
     p.add_argument(
         "--decay", type=float, help="online EWC decay of the accumulated Fisher (default: EWCConfig's, 0.9)"
     )

@@ -37,7 +37,7 @@ NETWORKS = ("actor", "critic", "cost_critic")
 @dataclass(frozen=True)
 class EWCConfig:
     seed: int = 0
-    weight: float = 100.0
+    weight: float = 30.0
     """Penalty weight (``weight / 2 * sum F (theta - theta*)^2``); 0 is naive sequential training."""
     decay: float = 0.9
     """Online EWC: the Fisher accumulated over earlier versions is multiplied by this per new version."""
@@ -49,8 +49,9 @@ class EWCConfig:
     """Scale each network's Fisher to mean 1, so one weight suits actor and critics alike."""
     fisher_actions: str = "policy"
     """``policy``: true Fisher (actions sampled from the policy); ``data``: empirical (dataset actions)."""
-    networks: tuple[str, ...] = NETWORKS
-    """Which networks are penalised (the policy alone: ``("actor",)``)."""
+    networks: tuple[str, ...] = ("actor",)
+    """Which networks are penalised, of ``NETWORKS``: by default the policy, what is served and what
+    forgetting is measured on; the critics then fit the new version's values freely."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.networks) - set(NETWORKS))

@@ -11,6 +11,7 @@ import torch
 
 from arl_models.algos.calql import CalQL, CalQLConfig
 from arl_models.algos.ewc import (
+    NETWORKS,
     EWCConfig,
     EWCPenalty,
     compute_fisher,
@@ -63,7 +64,7 @@ def test_critic_fisher_of_a_linear_critic_is_its_squared_input():
 
 def test_penalty_is_zero_at_the_anchor_and_grows_quadratically():
     algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
-    cfg = EWCConfig(samples=64)
+    cfg = EWCConfig(samples=64, networks=NETWORKS)
     obs, act = torch.randn(64, 3), torch.rand(64, 1) * 2 - 1
     pen = EWCPenalty(compute_fisher(algo, obs, act, cfg), current_anchor(algo, cfg.networks), weight=3.0)
     assert set(k.split(".")[0] for k in pen.fisher) == {"actor", "critic", "cost_critic"}
@@ -112,7 +113,7 @@ def test_fisher_leaves_the_modulation_rows_of_unvaried_plant_entries_free():
     algo = CalQL(5, 1, CalQLConfig(hidden=(8,), context_dim=2))
     obs, act = torch.randn(32, 5), torch.rand(32, 1) * 2 - 1
     obs[:, -2] = 0.0  # the first context entry at nominal, the second varied
-    fisher = compute_fisher(algo, obs, act, EWCConfig())
+    fisher = compute_fisher(algo, obs, act, EWCConfig(networks=NETWORKS))
     film = {k: v for k, v in fisher.items() if "film" in k.split(".")}
     assert set(film) == {
         f"{n}.film.{i}" for n in ("actor.trunk", "critic", "cost_critic") for i in (0, 1)
@@ -122,10 +123,10 @@ def test_fisher_leaves_the_modulation_rows_of_unvaried_plant_entries_free():
         assert torch.count_nonzero(rows[0]) == 0 and torch.count_nonzero(rows[1]) > 0, k
 
 
-def test_fisher_of_the_actor_alone_and_unknown_networks_are_named():
+def test_fisher_of_the_actor_alone_by_default_and_unknown_networks_are_named():
     algo = CalQL(3, 1, CalQLConfig(hidden=(8,)))
     obs, act = torch.randn(16, 3), torch.rand(16, 1) * 2 - 1
-    fisher = compute_fisher(algo, obs, act, EWCConfig(networks=("actor",)))
+    fisher = compute_fisher(algo, obs, act, EWCConfig())
     assert fisher and all(k.startswith("actor.") for k in fisher)
     with pytest.raises(ValueError, match=r"unknown networks \['policy'\]"):
         EWCConfig(networks=("actor", "policy"))
