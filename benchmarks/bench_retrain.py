@@ -13,7 +13,7 @@ forgetting on the base version (target <= 10 points), whether it was promoted, t
 chose, and the retrain's wall time against the first run's (target <= 1). Behaviour runs that make each
 version's demo data are trained (and cached) before any timing.
 
-    python benchmarks/bench_retrain.py --seeds 0 1 2 --json benchmarks/results/retrain.json
+    python benchmarks/bench_retrain.py --seeds 0 1 2 --workers 2 --json benchmarks/results/retrain.json
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CHAINS = {"1.0.0": ["1.1.0", "1.2.0"], "2.0.0": ["2.1.0", "2.2.0"]}
@@ -95,6 +96,7 @@ def main() -> None:
     p.add_argument("--versions", nargs="+", help="new versions to run (default: all of CHAINS)")
     p.add_argument("--root", type=Path, help="where the state directories go (default: a temporary one)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--workers", type=int, default=1, help="cells run at once (one core each)")
     args = p.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="arl-bench-retrain-"))
     cells = [(b, n) for b, ns in CHAINS.items() for n in ns if not args.versions or n in args.versions]
@@ -110,13 +112,13 @@ def main() -> None:
             "-o",
             str(root / "warm" / v),
         )
-    rows = []
-    for seed in args.seeds:
-        for base, new in cells:
-            r = cell(root, base, new, seed)
+    rows: list[dict] = []
+    jobs = [(base, new, seed) for seed in args.seeds for base, new in cells]
+    with ThreadPoolExecutor(args.workers) as pool:  # each cell runs its arl commands one after another
+        for r in pool.map(lambda job: cell(root, *job), jobs):
             rows.append(r)
             print(
-                f"{base} -> {new} seed {seed}: retrain {r['retrain']['score']:.1f} "
+                f"{r['base']} -> {r['new']} seed {r['seed']}: retrain {r['retrain']['score']:.1f} "
                 f"({r['retrain']['verdict']}, forgetting {r['retrain']['forgetting']}), "
                 f"scratch {r['scratch']['score']:.1f}, ratio "
                 f"{r['score_ratio'] if r['score_ratio'] is None else round(r['score_ratio'], 2)}, "
@@ -127,6 +129,34 @@ def main() -> None:
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps({"root": str(root), "rows": rows}, indent=2) + "\n")
+    print(summary(rows))
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per chain over its seeds: the targets' figures."""
+    out = [
+        "| chain | seeds | retrain / scratch (min) | forgetting (max) | promoted | wall, retrain / first |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for chain in dict.fromkeys((r["base"], r["new"]) for r in rows):
+        rs = [r for r in rows if (r["base"], r["new"]) == chain]
+        ratios = [r["score_ratio"] for r in rs if r["score_ratio"] is not None]
+        forgetting = [r["retrain"]["forgetting"] for r in rs if r["retrain"]["forgetting"] is not None]
+        promoted = sum(r["retrain"]["verdict"] == "champion" for r in rs)
+        walls = [r["wall_ratio"] for r in rs]
+        out.append(
+            f"| {chain[0]} -> {chain[1]} | {len(rs)} | {_mean_min(ratios, 2)} | {_mean_max(forgetting, 1)} "
+            f"| {promoted} of {len(rs)} | x{sum(walls) / len(walls):.2f} |"
+        )
+    return "\n".join(out)
+
+
+def _mean_min(xs: list[float], digits: int) -> str:
+    return f"{sum(xs) / len(xs):.{digits}f} ({min(xs):.{digits}f})" if xs else "n/a"
+
+
+def _mean_max(xs: list[float], digits: int) -> str:
+    return f"{sum(xs) / len(xs):.{digits}f} ({max(xs):.{digits}f})" if xs else "n/a"
 
 
 if __name__ == "__main__":
