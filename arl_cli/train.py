@@ -107,6 +107,18 @@ def _train(stage: str, data: Path, out: Path, preset: str, threads: int | None, 
     typer.echo(json.dumps({k: round(v, 4) for k, v in final.items()}, indent=2))
 
 
+_RUN = ("seed", "steps", "init_actor", "constrained", "context_dim", "restart")
+"""The options every stage-2 command passes to ``train_offline_algo`` as they are."""
+
+
+def _train_stage2(algo: str, ctx: typer.Context, *fields: str) -> None:
+    """Train stage-2 ``algo`` with the command's options; ``fields`` name those that set its config (unset:
+    the preset's)."""
+    p = ctx.params
+    cfg = _preset_config(algo, p["preset"], **{f: p[f] for f in fields})
+    _train(algo, p["data"], p["out"], p["preset"], p["threads"], config=cfg, **{k: p[k] for k in _RUN})
+
+
 @app.command("bc")
 def train_bc_cmd(
     data: Data,
@@ -144,6 +156,7 @@ def train_bc_cmd(
 
 @app.command("cql")
 def train_cql_cmd(
+    ctx: typer.Context,
     data: Data,
     out: Out,
     preset: Preset = _STAGE2.preset,
@@ -164,27 +177,12 @@ def train_cql_cmd(
     ] = None,
 ) -> None:
     """Conservative Q-learning with a cost critic (stage 2; Kumar et al. 2020)."""
-    cfg = _preset_config(
-        "cql", preset, context_lr_scale=context_lr_scale, conservative_weight=conservative_weight
-    )
-    _train(
-        "cql",
-        data,
-        out,
-        preset,
-        threads,
-        seed=seed,
-        steps=steps,
-        init_actor=init_actor,
-        constrained=constrained,
-        context_dim=context_dim,
-        config=cfg,
-        restart=restart,
-    )
+    _train_stage2("cql", ctx, "context_lr_scale", "conservative_weight")
 
 
 @app.command("td3bc")
 def train_td3bc_cmd(
+    ctx: typer.Context,
     data: Data,
     out: Out,
     preset: Preset = _STAGE2.preset,
@@ -200,25 +198,12 @@ def train_td3bc_cmd(
     ] = None,
 ) -> None:
     """TD3+BC with a cost critic (stage 2; Fujimoto and Gu 2021)."""
-    cfg = _preset_config("td3bc", preset, alpha=alpha)
-    _train(
-        "td3bc",
-        data,
-        out,
-        preset,
-        threads,
-        seed=seed,
-        steps=steps,
-        init_actor=init_actor,
-        constrained=constrained,
-        context_dim=context_dim,
-        config=cfg,
-        restart=restart,
-    )
+    _train_stage2("td3bc", ctx, "alpha")
 
 
 @app.command("iql")
 def train_iql_cmd(
+    ctx: typer.Context,
     data: Data,
     out: Out,
     preset: Preset = _STAGE2.preset,
@@ -238,25 +223,12 @@ def train_iql_cmd(
     ] = None,
 ) -> None:
     """Implicit Q-learning with a cost critic (stage 2; Kostrikov et al. 2022)."""
-    cfg = _preset_config("iql", preset, expectile=expectile, beta=beta)
-    _train(
-        "iql",
-        data,
-        out,
-        preset,
-        threads,
-        seed=seed,
-        steps=steps,
-        init_actor=init_actor,
-        constrained=constrained,
-        context_dim=context_dim,
-        config=cfg,
-        restart=restart,
-    )
+    _train_stage2("iql", ctx, "expectile", "beta")
 
 
 @app.command("rebrac")
 def train_rebrac_cmd(
+    ctx: typer.Context,
     data: Data,
     out: Out,
     preset: Preset = _STAGE2.preset,
@@ -277,21 +249,7 @@ def train_rebrac_cmd(
     ] = None,
 ) -> None:
     """ReBRAC with a cost critic (stage 2; Tarasov et al. 2023)."""
-    cfg = _preset_config("rebrac", preset, actor_bc_coef=actor_bc_coef, critic_bc_coef=critic_bc_coef)
-    _train(
-        "rebrac",
-        data,
-        out,
-        preset,
-        threads,
-        seed=seed,
-        steps=steps,
-        init_actor=init_actor,
-        constrained=constrained,
-        context_dim=context_dim,
-        config=cfg,
-        restart=restart,
-    )
+    _train_stage2("rebrac", ctx, "actor_bc_coef", "critic_bc_coef")
 
 
 @app.command("offline")
