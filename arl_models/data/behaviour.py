@@ -70,6 +70,9 @@ BEHAVIOUR: dict[str, BehaviourConfig] = {
     "safe-halfcheetah": BehaviourConfig(
         SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
     ),
+    "safe-walker2d": BehaviourConfig(
+        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
+    ),
 }
 
 
