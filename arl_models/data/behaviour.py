@@ -59,20 +59,15 @@ class BehaviourConfig:
 
 
 # The behaviour run of each task: SAC's size, its steps, and evaluations (snapshots) dense enough that one
-# falls in the climb from random, where ``medium`` is taken.
+# falls in the climb from random, where ``medium`` is taken. The MuJoCo locomotion tasks share one.
+_LOCOMOTION = BehaviourConfig(
+    SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
+)
 BEHAVIOUR: dict[str, BehaviourConfig] = {
     "safe-pendulum": BehaviourConfig(
         SACConfig(hidden=(64, 64), learn_cost=False), steps=12_000, eval_every=500
     ),
-    "safe-hopper": BehaviourConfig(
-        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
-    ),
-    "safe-halfcheetah": BehaviourConfig(
-        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
-    ),
-    "safe-walker2d": BehaviourConfig(
-        SACConfig(learn_cost=False), steps=300_000, learning_starts=10_000, eval_every=2_000
-    ),
+    **dict.fromkeys(("safe-hopper", "safe-halfcheetah", "safe-walker2d"), _LOCOMOTION),
 }
 
 
