@@ -155,7 +155,11 @@ def train_behaviour(
     """
     env_rec = env_record(spec)
     scaler = ActionScaler.of(env_rec["action_low"], env_rec["action_high"])
-    run = _resume(out / RESUME, cfg, env_rec) if has_train_state(out / RESUME) else _start(spec, cfg, env_rec)
+    run = (
+        _resume(out / RESUME, cfg, env_rec)
+        if has_train_state(out / RESUME)
+        else _start(spec, cfg, env_rec, scaler)
+    )
     stop = min(cfg.steps, stop_after or cfg.steps)
     doing = f"resuming at step {run.t:,} of" if run.t else "training"
     print(
@@ -184,8 +188,7 @@ def train_behaviour(
     return path
 
 
-def _start(spec: TaskSpec, cfg: BehaviourConfig, env_rec: dict[str, Any]) -> _Run:
-    scaler = ActionScaler.of(env_rec["action_low"], env_rec["action_high"])
+def _start(spec: TaskSpec, cfg: BehaviourConfig, env_rec: dict[str, Any], scaler: ActionScaler) -> _Run:
     rng = np.random.default_rng(cfg.sac.seed)
     act_dim = env_rec["action_dim"]
     random = evaluate(
