@@ -14,6 +14,11 @@ The actor's sign sits on its output, not on the features under its heads: those 
 and flipping them flips the spread with the mean. ``W`` starts at zero and has no bias, so at context 0
 a conditioned network computes exactly what the unconditioned one does, and data of the nominal plant
 leave ``W`` untouched (its gradient is proportional to ``c``).
+
+Every network first standardises its observation with fixed statistics (:class:`ObsNorm`, identity
+until an offline stage sets the data's: :func:`standardize_inputs`), as TD3+BC does (Fujimoto and Gu
+2021): the statistics travel in the weights, so whatever acts on or warm-starts from a checkpoint sees
+the observations its networks were trained on.
 """
 
 from __future__ import annotations
@@ -21,12 +26,51 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+OBS_STD_FLOOR = 1e-2
+"""The smallest standard deviation an observation entry is divided by: an entry (nearly) constant in the
+data is shifted, not blown up where it varies later."""
+
+
+class ObsNorm(nn.Module):
+    """``(obs - mean) / std`` with fixed buffers (no parameters), identity until set."""
+
+    def __init__(self, obs_dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(obs_dim))
+        self.register_buffer("std", torch.ones(obs_dim))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs - self.mean) / self.std
+
+
+def obs_standardization(obs: np.ndarray, context_dim: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, std)`` of the observations ``obs`` ``(N, O)``, the std floored at :data:`OBS_STD_FLOOR`;
+    the last ``context_dim`` entries, the context that FiLM reads, get ``(0, 1)``: they stay as they are."""
+    o = np.asarray(obs, dtype=np.float64)
+    mean, std = o.mean(0), np.maximum(o.std(0), OBS_STD_FLOOR)
+    if context_dim:
+        mean[-context_dim:], std[-context_dim:] = 0.0, 1.0
+    return mean, std
+
+
+@torch.no_grad()
+def standardize_inputs(nets: Iterable[nn.Module], obs: np.ndarray, context_dim: int = 0) -> None:
+    """Set every :class:`ObsNorm` in ``nets`` to :func:`obs_standardization` of ``obs``."""
+    mean, std = obs_standardization(obs, context_dim)
+    for net in nets:
+        for m in net.modules():
+            if isinstance(m, ObsNorm):
+                m.mean.copy_(torch.as_tensor(mean, dtype=m.mean.dtype))
+                m.std.copy_(torch.as_tensor(std, dtype=m.std.dtype))
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int | None = None) -> nn.Sequential:
@@ -134,6 +178,7 @@ class EnsembleCritic(nn.Module):
         super().__init__()
         _check_context(obs_dim, context_dim)
         self.ensemble, self.context_dim = ensemble, context_dim
+        self.obs_norm = ObsNorm(obs_dim)
         dims = [obs_dim + act_dim, *hidden]
         self.hidden = nn.ModuleList(
             EnsembleLinear(ensemble, i, o) for i, o in zip(dims[:-1], dims[1:], strict=True)
@@ -148,6 +193,7 @@ class EnsembleCritic(nn.Module):
         )
 
     def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        obs = self.obs_norm(obs)
         x = torch.cat([obs, act], dim=-1)  # (B, O+A)
         c = obs[..., -self.context_dim :]  # (B, k), used only with FiLM
         if self.film is not None:  # (B, k) @ (E, k, 2D) -> (E, B, 2D): x is per member from here
@@ -180,11 +226,13 @@ class DeterministicActor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], context_dim: int = 0):
         super().__init__()
+        self.obs_norm = ObsNorm(obs_dim)
         self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
         self.film = action_film(context_dim, act_dim)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = self.obs_norm(obs)
         return torch.tanh(modulated_mean(self.mu, self.film, self.trunk(obs), obs))
 
     @torch.no_grad()
@@ -201,12 +249,14 @@ class TanhGaussianActor(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...], context_dim: int = 0):
         super().__init__()
+        self.obs_norm = ObsNorm(obs_dim)
         self.trunk = trunk(obs_dim, hidden, context_dim)
         self.mu = nn.Linear(hidden[-1], act_dim)
         self.log_std = nn.Linear(hidden[-1], act_dim)
         self.film = action_film(context_dim, act_dim)
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        obs = self.obs_norm(obs)
         h = self.trunk(obs)
         log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
         return modulated_mean(self.mu, self.film, h, obs), log_std
@@ -283,7 +333,7 @@ def network_adam(
 
 
 def layout_signature() -> str:
-    """A hash of every network's parameter names and shapes, built at a small reference size with a
+    """A hash of every network's parameter and buffer names and shapes, built at a small reference size with a
     context: it changes whenever the networks' parameters do. The pipeline keys its cached stages on it,
     so a cached checkpoint of an older layout is retrained rather than loaded."""
     nets = {
@@ -291,7 +341,7 @@ def layout_signature() -> str:
         "deterministic": DeterministicActor(3, 2, (4, 4), context_dim=1),
         "gaussian": TanhGaussianActor(3, 2, (4, 4), context_dim=1),
     }
-    layout = {k: [(n, list(p.shape)) for n, p in net.named_parameters()] for k, net in nets.items()}
+    layout = {k: [(n, list(p.shape)) for n, p in net.state_dict().items()] for k, net in nets.items()}
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -23,6 +23,7 @@ from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, re
 from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EVAL_SEED, EvalResult, Evaluator, evaluate
 from arl_models.metrics import MetricSink
+from arl_models.nets import standardize_inputs
 from arl_models.presets import get_preset
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
@@ -154,7 +155,7 @@ def train_bc(
     p = get_preset(preset)
     t, info = read_dataset(data)
     cfg = replace(config or p.bc, seed=seed, context_dim=conditioning(info, context_dim))
-    algo = BC(info.obs_dim, info.action_dim, cfg)
+    algo = bc_learner(cfg, info, t)
     return _run(
         algo,
         data,
@@ -168,6 +169,14 @@ def train_bc(
         eval_episodes=eval_episodes,
         restart=restart,
     )
+
+
+def bc_learner(cfg: BCConfig, info: DatasetInfo, t: Transitions) -> BC:
+    """A BC learner for ``info``'s shapes, its input standardised on ``t`` (``normalize_obs``)."""
+    algo = BC(info.obs_dim, info.action_dim, cfg)
+    if cfg.normalize_obs:
+        standardize_inputs(algo.networks().values(), t.obs, cfg.context_dim)
+    return algo
 
 
 def conditioning(info: DatasetInfo, context_dim: int | None) -> int:
@@ -223,12 +232,15 @@ class InfeasibleBudgetWarning(UserWarning):
 
 
 def held_to_budget(cls: type[Any], cfg: Any, info: DatasetInfo, t: Transitions, constrained: bool) -> Any:
-    """An offline algorithm for ``info``'s shapes; with ``constrained`` its actor is held to the dataset's
+    """An offline algorithm for ``info``'s shapes, its inputs standardised on ``t`` (``normalize_obs``); with
+    ``constrained`` its actor is held to the dataset's
     episode cost budget on the data's episode starts, where ``Q_c(s0, pi(s0))`` is the expected (discounted)
     episode cost, against :func:`cql_cost_limit` unless ``cfg`` sets a limit of its own."""
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
     algo = cls(info.obs_dim, info.action_dim, cfg)
+    if cfg.normalize_obs:
+        standardize_inputs(algo.networks().values(), t.obs, cfg.context_dim)
     starts = t.obs[t.step == 0]
     if constrained and len(starts):
         algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)

@@ -54,11 +54,11 @@ from peer import (  # noqa: E402
     to_mdp_dataset,
 )
 
-from arl_models.algos.bc import BC  # noqa: E402
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset  # noqa: E402
 from arl_models.envs.registry import get_task  # noqa: E402
 from arl_models.evaluate import EVAL_SEED, evaluate  # noqa: E402
-from arl_models.offline import OFFLINE_CLASSES, conditioning, held_to_budget  # noqa: E402
+from arl_models.nets import obs_standardization  # noqa: E402
+from arl_models.offline import OFFLINE_CLASSES, bc_learner, conditioning, held_to_budget  # noqa: E402
 from arl_models.presets import get_preset  # noqa: E402
 from arl_models.replay import ActionScaler, ReplayBuffer  # noqa: E402
 
@@ -103,13 +103,13 @@ def build_ours(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
     bc_cfg = replace(p.bc, seed=job.seed, context_dim=ctx)
     bc_init_s = 0.0
     if job.learner == "bc":
-        algo: Any = BC(info.obs_dim, info.action_dim, bc_cfg)
+        algo: Any = bc_learner(bc_cfg, info, t)
     else:
         cfg = replace(config_of(job), seed=job.seed, context_dim=ctx)
         algo = held_to_budget(OFFLINE_CLASSES[job.learner], cfg, info, t, job.constrained)
         if job.bc_steps:
             t0 = time.perf_counter()
-            bc = BC(info.obs_dim, info.action_dim, bc_cfg)
+            bc = bc_learner(bc_cfg, info, t)
             for _ in range(job.bc_steps):
                 bc.update(buffer.sample(bc_cfg.batch_size))
             if not algo.warm_start_actor(bc.actor.state_dict()):
@@ -144,8 +144,9 @@ def build_peer(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
     d3rlpy.seed(job.seed)
     data = to_mdp_dataset(t)
     low, high = np.asarray(info.action_low, np.float32), np.asarray(info.action_high, np.float32)
+    cfg: Any = p.bc if job.learner == "bc" else config_of(job)
+    stats = obs_standardization(t.obs, conditioning(info, None)) if cfg.normalize_obs else None
     if job.learner == "bc":
-        cfg: Any = p.bc
         algo = d3rlpy_bc(
             data,
             hidden=cfg.hidden,
@@ -154,20 +155,19 @@ def build_peer(job: Job, t: Transitions, info: DatasetInfo) -> tuple[Callable[[]
             action_low=low,
             action_high=high,
             policy_type="stochastic" if cfg.policy == "gaussian" else "deterministic",
+            obs_stats=stats,
         )
     elif job.learner == "td3bc":
-        cfg = config_of(job)
-        algo = d3rlpy_td3bc(data, cfg, low, high)
+        algo = d3rlpy_td3bc(data, cfg, low, high, stats)
     elif job.learner == "iql":
-        cfg = config_of(job)
-        algo = d3rlpy_iql(data, cfg, low, high)
+        algo = d3rlpy_iql(data, cfg, low, high, stats)
     elif job.learner == "rebrac":
-        cfg = config_of(job)
-        algo = d3rlpy_rebrac(data, cfg, low, high)
+        algo = d3rlpy_rebrac(data, cfg, low, high, stats)
     else:
-        cfg = config_of(job)
         alpha_lr = 0.0 if cfg.lagrangian_threshold is None else cfg.alpha_lr
-        algo = d3rlpy_cql_like(data, cfg, alpha_lr=alpha_lr, action_low=low, action_high=high)
+        algo = d3rlpy_cql_like(
+            data, cfg, alpha_lr=alpha_lr, action_low=low, action_high=high, obs_stats=stats
+        )
     return lambda: algo.update(data.sample_transition_batch(cfg.batch_size)), d3rlpy_act_fn(algo)
 
 

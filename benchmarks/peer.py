@@ -3,9 +3,11 @@
 Imported only by the benchmark scripts, which run in ``.venv-bench`` (see ``benchmarks/README.md``):
 d3rlpy is never a dependency of ``arl_models``.
 
-Neither side normalises observations (d3rlpy's ``observation_scaler`` is left unset; ours has none):
-both see the rows as stored. Actions: ours scale them to [-1, 1] with ``ActionScaler``, d3rlpy with a
-``MinMaxActionScaler`` of the same bounds. Rewards are not scaled on either side.
+Observations: where our config standardises them (``normalize_obs``), d3rlpy gets a
+``StandardObservationScaler`` of the same mean and standard deviation (``nets.obs_standardization``, which
+leaves the context entries as they are; d3rlpy adds its ``eps`` of 1e-3 to the std); otherwise neither side
+touches them. Actions: ours scale them to [-1, 1] with ``ActionScaler``,
+d3rlpy with a ``MinMaxActionScaler`` of the same bounds. Rewards are not scaled on either side.
 
 Differences that remain by design (they are the libraries' own choices):
 
@@ -129,6 +131,19 @@ def _action_scaler(low: np.ndarray | None, high: np.ndarray | None) -> Any:
     return MinMaxActionScaler(minimum=np.asarray(low, np.float32), maximum=np.asarray(high, np.float32))
 
 
+ObsStandardization = tuple[np.ndarray, np.ndarray] | None
+"""``(mean, std)`` of the observations for d3rlpy's ``StandardObservationScaler``, or ``None``: raw."""
+
+
+def _obs_scaler(stats: ObsStandardization) -> Any:
+    if stats is None:
+        return None
+    from d3rlpy.preprocessing import StandardObservationScaler
+
+    mean, std = stats
+    return StandardObservationScaler(mean=np.asarray(mean, np.float32), std=np.asarray(std, np.float32))
+
+
 def d3rlpy_cql(
     dataset: Any,
     *,
@@ -145,6 +160,7 @@ def d3rlpy_cql(
     tau: float = 0.005,
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
+    obs_stats: ObsStandardization = None,
 ) -> Any:
     """d3rlpy's CQL, built on ``dataset``. ``alpha_lr=0`` keeps alpha at 1: a fixed conservative weight.
 
@@ -167,6 +183,7 @@ def d3rlpy_cql(
         gamma=gamma,
         tau=tau,
         action_scaler=_action_scaler(action_low, action_high),
+        observation_scaler=_obs_scaler(obs_stats),
     )
     algo = cfg.create(device=False)
     algo.build_with_dataset(dataset)
@@ -201,6 +218,7 @@ def d3rlpy_bc(
     policy_type: str = "stochastic",
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
+    obs_stats: ObsStandardization = None,
 ) -> Any:
     """d3rlpy's BC; ``stochastic`` is the Gaussian log-likelihood (our ``gaussian``), else
     ``deterministic``."""
@@ -212,6 +230,7 @@ def d3rlpy_bc(
         learning_rate=lr,
         policy_type=policy_type,
         action_scaler=_action_scaler(action_low, action_high),
+        observation_scaler=_obs_scaler(obs_stats),
     )
     algo = cfg.create(device=False)
     algo.build_with_dataset(dataset)
@@ -223,6 +242,7 @@ def d3rlpy_td3bc(
     cfg: TD3BCConfig,
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
+    obs_stats: ObsStandardization = None,
 ) -> Any:
     """d3rlpy's TD3+BC with the networks, batch, learning rates and TD3 settings of our ``TD3BCConfig``."""
     import d3rlpy
@@ -241,6 +261,7 @@ def d3rlpy_td3bc(
         target_smoothing_clip=cfg.noise_clip,
         update_actor_interval=cfg.policy_freq,
         action_scaler=_action_scaler(action_low, action_high),
+        observation_scaler=_obs_scaler(obs_stats),
     )
     algo = peer_cfg.create(device=False)
     algo.build_with_dataset(dataset)
@@ -252,6 +273,7 @@ def d3rlpy_iql(
     cfg: IQLConfig,
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
+    obs_stats: ObsStandardization = None,
 ) -> Any:
     """d3rlpy's IQL with the networks, batch, learning rates and IQL settings of our ``IQLConfig``
     (d3rlpy's value network shares the critics' optimiser and rate: ``cfg.value_lr`` has no counterpart)."""
@@ -271,6 +293,7 @@ def d3rlpy_iql(
         weight_temp=cfg.beta,
         max_weight=cfg.max_weight,
         action_scaler=_action_scaler(action_low, action_high),
+        observation_scaler=_obs_scaler(obs_stats),
     )
     algo = peer_cfg.create(device=False)
     algo.build_with_dataset(dataset)
@@ -282,6 +305,7 @@ def d3rlpy_rebrac(
     cfg: ReBRACConfig,
     action_low: np.ndarray | None = None,
     action_high: np.ndarray | None = None,
+    obs_stats: ObsStandardization = None,
 ) -> Any:
     """d3rlpy's ReBRAC with the networks (LayerNorm in the critics or not), batch, learning rates, TD3
     settings and BC coefficients of our ``ReBRACConfig``."""
@@ -302,6 +326,7 @@ def d3rlpy_rebrac(
         critic_beta=cfg.critic_bc_coef,
         update_actor_interval=cfg.policy_freq,
         action_scaler=_action_scaler(action_low, action_high),
+        observation_scaler=_obs_scaler(obs_stats),
     )
     algo = peer_cfg.create(device=False)
     algo.build_with_dataset(dataset)

@@ -4,13 +4,15 @@ resume; and BC's clipped-Gaussian likelihood on actions saturated at the bounds.
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from arl_models.algos.bc import BC, BCConfig, clipped_gaussian_log_prob, compute_bc_loss
 from arl_models.algos.iql import IQL, IQLConfig, expectile_loss
 from arl_models.algos.rebrac import ReBRAC, ReBRACConfig
 from arl_models.algos.td3bc import TD3BC, TD3BCConfig
 from arl_models.checkpoint import load_policy, read_config
-from arl_models.nets import TanhGaussianActor
+from arl_models.data.dataset import read_dataset
+from arl_models.nets import OBS_STD_FLOOR, TanhGaussianActor, obs_standardization
 from arl_models.offline import train_bc, train_offline_algo
 from arl_models.replay import ActionScaler, ReplayBuffer
 from tests.conftest import make_transitions
@@ -52,6 +54,8 @@ def test_update_is_finite_and_moves_every_trained_network(algo):
         k for k in before if ".film" in k
     ]  # FiLM moves only with a non-zero context: make_buffer's is random
     for k, v in before.items():
+        if ".obs_norm." in k:  # fixed statistics, set from a dataset
+            continue
         assert not torch.equal(v, after[k]) or k in film and not algo.cfg.context_dim, f"{k} did not move"
     if algo.cfg.cost_q_limit is not None:
         assert "lagrange_multiplier" in metrics
@@ -117,6 +121,37 @@ def test_bc_warm_start_then_checkpoint_acts_like_the_live_policy_and_resumes(tin
     assert any(not torch.equal(v, policy.actor.state_dict()[k]) for k, v in bc_actor.items())
     again = train_offline_algo(algo, tiny_dataset, out, steps=4, **TINY)  # finished: returned, not retrained
     assert again["steps"] == 4
+
+
+def test_offline_stages_standardise_every_input_on_the_data_and_checkpoints_carry_it(tiny_dataset, tmp_path):
+    data, _ = read_dataset(tiny_dataset)
+    mean, std = data.obs.mean(0), data.obs.std(0)
+    train_bc(tiny_dataset, tmp_path / "bc", steps=3, **TINY)
+    train_offline_algo("td3bc", tiny_dataset, tmp_path / "td3bc", steps=2, init_actor=tmp_path / "bc", **TINY)
+    bc, td3bc = load_policy(tmp_path / "bc"), load_policy(tmp_path / "td3bc")
+    for actor in (bc.actor, td3bc.actor):
+        np.testing.assert_allclose(actor.obs_norm.mean.numpy(), mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(actor.obs_norm.std.numpy(), np.maximum(std, OBS_STD_FLOOR), rtol=1e-5)
+    raw = TanhGaussianActor(3, 1, (64, 64))  # the same weights, without the statistics
+    weights = td3bc.actor.state_dict()
+    raw.load_state_dict({k: v for k, v in weights.items() if not k.startswith("obs_norm.")}, strict=False)
+    obs = torch.as_tensor(data.obs[:8].copy())
+    standardized = (obs - torch.as_tensor(mean)) / torch.as_tensor(std)
+    torch.testing.assert_close(td3bc.actor.act(obs), raw.act(standardized))
+    state = load_file(str(tmp_path / "td3bc" / "train_state" / "state.safetensors"))
+    for net in ("critic", "critic_target", "cost_critic"):
+        np.testing.assert_allclose(state[f"{net}.obs_norm.mean"].numpy(), mean, rtol=1e-5, atol=1e-6)
+
+
+def test_obs_standardization_floors_the_spread_and_leaves_the_context_alone():
+    obs = np.array([[0.0, 5.0, 2.0], [2.0, 5.0, 4.0]])
+    mean, std = obs_standardization(obs, context_dim=1)
+    np.testing.assert_allclose(mean, [1.0, 5.0, 0.0])
+    np.testing.assert_allclose(std, [1.0, OBS_STD_FLOOR, 1.0])
+    off = TD3BC(3, 1, TD3BCConfig(**SMALL))  # nothing standardises a learner built outside an offline stage
+    assert torch.equal(off.actor.obs_norm.std, torch.ones(3)) and torch.equal(
+        off.critic.obs_norm.mean, torch.zeros(3)
+    )
 
 
 def test_unknown_offline_algorithm_is_named(tiny_dataset, tmp_path):

@@ -33,6 +33,8 @@ class BCConfig:
     """Entries at the end of the observation that FiLM-condition the actor (``SACConfig.context_dim``)."""
     context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
+    normalize_obs: bool = True
+    """Standardise the actor's input with the dataset's observation statistics (``SACConfig``)."""
     policy: Literal["deterministic", "gaussian"] = "deterministic"
     """``deterministic``: mean-squared error (d3rlpy's default too); ``gaussian``: negative log-likelihood
     with the bounds censored. Stage 2 copies either's trunk and mean head (benchmarks/README.md, "Offline

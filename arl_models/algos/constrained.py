@@ -32,6 +32,8 @@ class ActorCriticConfig:
     context_dim: int = 0
     """Trailing observation entries that FiLM-condition the networks (``SACConfig.context_dim``)."""
     context_lr_scale: float = CONTEXT_LR_SCALE
+    normalize_obs: bool = True
+    """Standardise every network's input with the dataset's observation statistics (``SACConfig``)."""
     n_critics: int = 2
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
