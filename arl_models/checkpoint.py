@@ -66,14 +66,17 @@ def model_state(algo: Algorithm) -> dict[str, torch.Tensor]:
 
 def load_weights(net: nn.Module, state: dict[str, torch.Tensor], prefix: str, where: Path) -> None:
     """Load the entries of ``state`` under ``prefix`` into ``net``; a set of names that does not fit is an
-    error naming the checkpoint and the names (a checkpoint of an older network layout, for example)."""
+    error naming the checkpoint and the names (a checkpoint of an older network layout, for example).
+    Input statistics (``nets.ObsNorm``) a checkpoint lacks stay the identity: it predates them, and saw raw
+    inputs."""
     keys = net.load_state_dict(
         {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}, strict=False
     )
-    if keys.missing_keys or keys.unexpected_keys:
+    missing = [k for k in keys.missing_keys if k.split(".")[-2:-1] != ["obs_norm"]]  # older: identity
+    if missing or keys.unexpected_keys:
         raise ValueError(
             f"{where}: its weights do not fit the network its config.json describes (missing "
-            f"{[prefix + k for k in keys.missing_keys]}, "
+            f"{[prefix + k for k in missing]}, "
             f"unexpected {[prefix + k for k in keys.unexpected_keys]}); "
             "a checkpoint written before a change of layout must be retrained"
         )

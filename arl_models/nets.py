@@ -41,7 +41,9 @@ data is shifted, not blown up where it varies later."""
 
 
 class ObsNorm(nn.Module):
-    """``(obs - mean) / std`` with fixed buffers (no parameters), identity until set."""
+    """``(obs - mean) / std`` with fixed buffers (no parameters), identity until set; a checkpoint written
+    before networks had one loads with the identity, the raw inputs it was trained on
+    (``checkpoint.load_weights``)."""
 
     def __init__(self, obs_dim: int):
         super().__init__()
@@ -333,7 +335,7 @@ def network_adam(
 
 
 def layout_signature() -> str:
-    """A hash of every network's parameter and buffer names and shapes, built at a small reference size with a
+    """A hash of every network's parameter names and shapes, built at a small reference size with a
     context: it changes whenever the networks' parameters do. The pipeline keys its cached stages on it,
     so a cached checkpoint of an older layout is retrained rather than loaded."""
     nets = {
@@ -341,7 +343,7 @@ def layout_signature() -> str:
         "deterministic": DeterministicActor(3, 2, (4, 4), context_dim=1),
         "gaussian": TanhGaussianActor(3, 2, (4, 4), context_dim=1),
     }
-    layout = {k: [(n, list(p.shape)) for n, p in net.state_dict().items()] for k, net in nets.items()}
+    layout = {k: [(n, list(p.shape)) for n, p in net.named_parameters()] for k, net in nets.items()}
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file
 
 from arl_models.checkpoint import TRAIN_STATE, WEIGHTS, Algorithm, load_train_state, load_weights, read_config
@@ -40,7 +41,10 @@ def actor_from(algo: Any, init_actor: str | Path) -> dict[str, Any]:
             f"on {algo.cfg.context_dim}; train both with the same context_dim"
         )
     weights = load_file(str(Path(init_actor) / WEIGHTS))
-    copied = algo.warm_start_actor({k[6:]: v for k, v in weights.items() if k.startswith("actor.")})
+    actor = {k[6:]: v for k, v in weights.items() if k.startswith("actor.")}
+    if "obs_norm.mean" not in actor:  # an actor from before input statistics, trained on raw inputs
+        actor |= {"obs_norm.mean": torch.zeros(algo.obs_dim), "obs_norm.std": torch.ones(algo.obs_dim)}
+    copied = algo.warm_start_actor(actor)
     if not copied:
         raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
     return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from arl_models.checkpoint import WEIGHTS, load_policy, read_config
 from arl_models.offline import train_bc, train_cql
@@ -139,3 +140,19 @@ def test_observed_versions_condition_the_networks_from_bc_to_the_saved_policy(tm
 def test_loading_refuses_a_directory_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing config.json"):
         load_policy(tmp_path)
+
+
+def test_a_checkpoint_from_before_input_statistics_loads_and_warm_starts_on_raw_inputs(
+    tiny_dataset, tmp_path
+):
+    train_bc(tiny_dataset, tmp_path / "bc", steps=2, preset="demo", progress=False, eval_episodes=0)
+    weights = load_file(str(tmp_path / "bc" / WEIGHTS))
+    save_file({k: v for k, v in weights.items() if ".obs_norm." not in k}, str(tmp_path / "bc" / WEIGHTS))
+    old = load_policy(tmp_path / "bc").actor
+    assert torch.equal(old.obs_norm.mean, torch.zeros(3)) and torch.equal(old.obs_norm.std, torch.ones(3))
+    train_cql(
+        tiny_dataset, tmp_path / "cql", steps=1, init_actor=tmp_path / "bc", preset="demo", progress=False
+    )
+    started = load_file(str(tmp_path / "cql" / "train_state" / "state.safetensors"))
+    assert torch.equal(started["actor.obs_norm.std"], torch.ones(3))  # the BC actor's raw inputs
+    assert not torch.equal(started["critic.obs_norm.std"], torch.ones(3))  # the critics', the data's

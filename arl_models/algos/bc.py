@@ -34,7 +34,7 @@ class BCConfig:
     context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of ``lr`` (``SACConfig.context_lr_scale``)."""
     normalize_obs: bool = True
-    """Standardise the actor's input with the dataset's observation statistics (``SACConfig``)."""
+    """Standardise the actor's input with the dataset's observation statistics (``CQLConfig``)."""
     policy: Literal["deterministic", "gaussian"] = "deterministic"
     """``deterministic``: mean-squared error (d3rlpy's default too); ``gaussian``: negative log-likelihood
     with the bounds censored. Stage 2 copies either's trunk and mean head (benchmarks/README.md, "Offline

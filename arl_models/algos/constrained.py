@@ -33,7 +33,7 @@ class ActorCriticConfig:
     """Trailing observation entries that FiLM-condition the networks (``SACConfig.context_dim``)."""
     context_lr_scale: float = CONTEXT_LR_SCALE
     normalize_obs: bool = True
-    """Standardise every network's input with the dataset's observation statistics (``SACConfig``)."""
+    """Standardise every network's input with the dataset's observation statistics (``CQLConfig``)."""
     n_critics: int = 2
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4

@@ -29,6 +29,10 @@ from arl_models.replay import Batch
 
 @dataclass(frozen=True)
 class CQLConfig(SACConfig):
+    normalize_obs: bool = True
+    """Standardise every network's input with the observation statistics of the dataset an offline stage
+    trains on (``nets.ObsNorm``; TD3+BC's state normalisation). SAC has no dataset and acts on raw inputs;
+    a warm start carries its checkpoint's statistics."""
     actor_lr: float = 1e-4
     temp_lr: float = 1e-4
     n_action_samples: int = 10

@@ -44,10 +44,6 @@ class SACConfig:
     context_lr_scale: float = CONTEXT_LR_SCALE
     """The FiLM weights' learning rate as a multiple of their network's (they start at zero, and Adam moves
     a weight about one learning rate a step); no effect without FiLM."""
-    normalize_obs: bool = True
-    """Standardise every network's input with the observation statistics of the dataset an offline stage
-    trains on (``nets.ObsNorm``; TD3+BC's state normalisation). Online from scratch there is no dataset and
-    the input stays raw; a warm start carries its checkpoint's statistics."""
     n_critics: int = 2
     """Critic ensemble size; targets take the ensemble minimum."""
     critic_layer_norm: bool = False
