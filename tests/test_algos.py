@@ -227,7 +227,7 @@ def test_cql_warm_start_copies_bc_actor():
     bc = BC(3, 1, BCConfig(**SMALL, policy="deterministic"))
     cql = CQL(3, 1, CQLConfig(**SMALL))
     keys = cql.warm_start_actor(bc.actor.state_dict())
-    assert keys and all(k.startswith(("trunk", "mu")) for k in keys)
+    assert keys and all(k.startswith(("trunk", "mu", "obs_norm")) for k in keys)
     obs = torch.randn(4, 3)
     torch.testing.assert_close(cql.actor.act(obs, deterministic=True), bc.actor(obs))
 
