@@ -45,6 +45,9 @@ class ObsNorm(nn.Module):
     before networks had one loads with the identity, the raw inputs it was trained on
     (``checkpoint.load_weights``)."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, obs_dim: int):
         super().__init__()
         self.register_buffer("mean", torch.zeros(obs_dim))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -26,6 +27,7 @@ from arl_models.algos.sac import SAC, SACConfig
 from arl_models.checkpoint import (
     has_train_state,
     load_train_state,
+    load_weights,
     save_checkpoint,
     save_policy,
     saved_record,
@@ -203,10 +205,18 @@ def _start(spec: TaskSpec, cfg: BehaviourConfig, env_rec: dict[str, Any], scaler
     )
 
 
-def _step(run: _Run, env, obs: np.ndarray, t: int, cfg: BehaviourConfig, scaler, spec: TaskSpec):
+def _step(
+    run: _Run,
+    env: gym.Env,
+    obs: np.ndarray,
+    t: int,
+    cfg: BehaviourConfig,
+    scaler: ActionScaler,
+    spec: TaskSpec,
+) -> np.ndarray:
     """One environment step, its gradient step and, every ``eval_every``, a snapshot; the next observation."""
     if t <= cfg.learning_starts:
-        a_n = run.rng.uniform(-1.0, 1.0, scaler.low.shape[-1]).astype(np.float32)
+        a_n = np.asarray(run.rng.uniform(-1.0, 1.0, scaler.low.shape[-1]), dtype=np.float32)
     else:
         a_n = run.sac.act(obs[None], deterministic=False)[0]
     a = scaler.unnormalize(a_n)
@@ -315,7 +325,7 @@ def _save_behaviour(out: Path, spec: TaskSpec, env_rec: dict, run: _Run, cfg: Be
         actor = TanhGaussianActor(
             env_rec["obs_dim"], env_rec["action_dim"], cfg.sac.hidden, cfg.sac.context_dim
         )
-        actor.load_state_dict(snap["state"])
+        load_weights(actor, snap["state"], "", out)
         save_policy(
             out / name, actor, actor_rec | {"snapshot_step": snap["step"], "policy_hash": snap["hash"]}
         )
