@@ -211,10 +211,11 @@ def _init_worker() -> None:
 
 
 def time_to_reach(run: dict[str, Any], target: float) -> float | None:
-    """Training seconds of the first evaluation at or above ``target`` (``None``: never). The evaluation
-    before training counts only for a run that started from a BC actor (an untrained one's is luck)."""
+    """Training seconds, the BC start's included, of the first evaluation at or above ``target`` (``None``:
+    never). The evaluation before training counts only for a run that started from a BC actor (an untrained
+    one's is luck)."""
     curve = run["curve"] if run["bc_steps"] and run["learner"] != "bc" else run["curve"][1:]
-    return next((p["train_s"] for p in curve if p["score"] >= target), None)
+    return next((run["bc_init_s"] + p["train_s"] for p in curve if p["score"] >= target), None)
 
 
 def data_score(t: Transitions, info: DatasetInfo) -> float:
