@@ -251,7 +251,8 @@ def _print_result(result: dict) -> None:
         m = s["metrics"]
         score = m.get("eval/normalized_score")
         shown = score if score is None else round(score, 1)
-        typer.echo(f"  {name:8s} {int(s['steps']):>7d} steps  score {shown!s:>6}  {s['checkpoint']}")
+        online = f" + {int(s['online_steps'])} online" if s.get("online_steps") else ""
+        typer.echo(f"  {name:8s} {int(s['steps']):>7d} steps{online}  score {shown!s:>6}  {s['checkpoint']}")
     typer.echo(
         f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} "
         f"(budget {ev['cost_budget']:g})"

@@ -200,6 +200,7 @@ def _run_stage(
         "run_id": run_id,
         "parent_run_id": parent_run_id,
         "steps": spec.steps,
+        "online_steps": getattr(spec.config, "online_steps", 0),  # stage 4 fine-tunes after its offline steps
         "seed": spec.seed,
     }
 

@@ -262,7 +262,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     offline_part = Path(ewc["checkpoint"]) / "offline"  # then fine-tuned on the new version, as stage 3 is
     assert (Path(ewc["checkpoint"]) / "best").is_dir() or (Path(ewc["checkpoint"]) / "train_state").is_dir()
     continual_config = json.loads((offline_part / "config.json").read_text())["continual_config"]
-    assert continual_config["online_steps"] == TINY["finetune_steps"]
+    assert continual_config["online_steps"] == TINY["finetune_steps"] == ewc["online_steps"]  # the summary's
     assert continual_config["rehearsal"] == 0.5
     # the form's empty weight: the library's default
     assert continual_config["ewc"]["weight"] == EWCConfig.weight
