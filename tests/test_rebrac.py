@@ -107,16 +107,15 @@ def test_the_critic_loss_uses_the_batchs_next_action():
 def test_update_is_finite_and_moves_every_trained_network(constrained):
     cfg = ReBRACConfig(**SMALL, policy_freq=1, cost_q_limit=0.1 if constrained else None)
     algo, buf = ReBRAC(3, 1, cfg), _buffer()
-    before = {
-        f"{n}.{k}": v.clone() for n, net in algo.networks().items() for k, v in net.state_dict().items()
-    }
+    nets = algo.networks().items()
+    before = {f"{n}.{k}": p.detach().clone() for n, net in nets for k, p in net.named_parameters()}
     assert any(".norms." in k for k in before if k.startswith("critic."))
     assert not any(".norms." in k for k in before if k.startswith("cost_critic"))
     for _ in range(3):
         metrics = algo.update(buf.sample(32))
     assert metrics and all(np.isfinite(v) for v in metrics.values()), metrics
     assert ("lagrange_multiplier" in metrics) == constrained
-    after = {f"{n}.{k}": v for n, net in algo.networks().items() for k, v in net.state_dict().items()}
+    after = {f"{n}.{k}": v for n, net in algo.networks().items() for k, v in net.named_parameters()}
     assert [k for k, v in before.items() if torch.equal(v, after[k])] == []
 
 
