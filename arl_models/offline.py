@@ -173,9 +173,14 @@ def train_bc(
 
 def bc_learner(cfg: BCConfig, info: DatasetInfo, t: Transitions) -> BC:
     """A BC learner for ``info``'s shapes, its input standardised on ``t`` (``normalize_obs``)."""
-    algo = BC(info.obs_dim, info.action_dim, cfg)
-    if cfg.normalize_obs:
-        standardize_inputs(algo.networks().values(), t.obs, cfg.context_dim)
+    return standardized(BC(info.obs_dim, info.action_dim, cfg), t)
+
+
+def standardized(algo: Any, t: Transitions) -> Any:
+    """``algo`` with every network's input standardised on ``t``'s observations where its config asks
+    (``normalize_obs``)."""
+    if algo.cfg.normalize_obs:
+        standardize_inputs(algo.networks().values(), t.obs, algo.cfg.context_dim)
     return algo
 
 
@@ -232,15 +237,13 @@ class InfeasibleBudgetWarning(UserWarning):
 
 
 def held_to_budget(cls: type[Any], cfg: Any, info: DatasetInfo, t: Transitions, constrained: bool) -> Any:
-    """An offline algorithm for ``info``'s shapes, its inputs standardised on ``t`` (``normalize_obs``); with
-    ``constrained`` its actor is held to the dataset's
-    episode cost budget on the data's episode starts, where ``Q_c(s0, pi(s0))`` is the expected (discounted)
-    episode cost, against :func:`cql_cost_limit` unless ``cfg`` sets a limit of its own."""
+    """An offline algorithm for ``info``'s shapes, its inputs standardised on ``t`` (:func:`standardized`);
+    with ``constrained`` its actor is held to the dataset's episode cost budget on the data's episode starts,
+    where ``Q_c(s0, pi(s0))`` is the expected (discounted) episode cost, against :func:`cql_cost_limit`
+    unless ``cfg`` sets a limit of its own."""
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
-    algo = cls(info.obs_dim, info.action_dim, cfg)
-    if cfg.normalize_obs:
-        standardize_inputs(algo.networks().values(), t.obs, cfg.context_dim)
+    algo = standardized(cls(info.obs_dim, info.action_dim, cfg), t)
     starts = t.obs[t.step == 0]
     if constrained and len(starts):
         algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)

@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file
 
 from arl_models.checkpoint import TRAIN_STATE, WEIGHTS, Algorithm, load_train_state, load_weights, read_config
+from arl_models.nets import ObsNorm
 
 SAME_PARTS = ("cql", "calql", "sac")
 """Algorithms whose checkpoints hold every part of the SAC-family learner, optimisers included."""
@@ -42,10 +42,10 @@ def actor_from(algo: Any, init_actor: str | Path) -> dict[str, Any]:
         )
     weights = load_file(str(Path(init_actor) / WEIGHTS))
     actor = {k[6:]: v for k, v in weights.items() if k.startswith("actor.")}
-    if "obs_norm.mean" not in actor:  # an actor from before input statistics, trained on raw inputs
-        actor |= {"obs_norm.mean": torch.zeros(algo.obs_dim), "obs_norm.std": torch.ones(algo.obs_dim)}
-    copied = algo.warm_start_actor(actor)
-    if not copied:
+    # an actor from before input statistics was trained on raw inputs: it keeps the identity's
+    identity = {f"obs_norm.{k}": v for k, v in ObsNorm(algo.obs_dim).state_dict().items()}
+    copied = algo.warm_start_actor(identity | actor)
+    if not any(not k.startswith("obs_norm.") for k in copied):  # the statistics alone always fit
         raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
     return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
 
