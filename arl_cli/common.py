@@ -51,4 +51,5 @@ Task = Annotated[
     str, typer.Option("--task", "-t", help="Task name, optionally with a version: safe-hopper@1.1.0.")
 ]
 Seed = Annotated[int, typer.Option(help="Random seed (uint32).")]
+Threads = Annotated[int | None, typer.Option(help="torch threads of the learner (default: the preset's).")]
 DatasetOut = Annotated[Path, typer.Option("--out", "-o", help="Dataset directory to write (atomically).")]

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from arl_cli import pipeline
-from arl_cli.common import App, DatasetOut, Seed, Task, fail
+from arl_cli.common import App, DatasetOut, Seed, Task, Threads, fail
 from arl_cli.defaults import library
 
 app = App(help="Generate, import, inspect, validate and push datasets.")
@@ -47,12 +47,13 @@ def data_generate(
             "step over the speed limit a loss below 4.7 m/s)."
         ),
     ] = _GENERATE.cost_penalty,
+    threads: Threads = None,
 ) -> None:
     """Generate a dataset the D4RL way, with behaviour policies trained by the project's SAC."""
     from arl_models.data.generate import generate_dataset
     from arl_models.presets import apply_threads
 
-    apply_threads("demo")  # the behaviour SAC is a learner: one torch thread, as the stages have
+    apply_threads(threads=threads)  # the behaviour SAC is a learner like the stages
 
     try:
         info = generate_dataset(

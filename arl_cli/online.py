@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from arl_cli.common import App, Seed, fail
+from arl_cli.common import App, Seed, Threads, fail
 from arl_cli.defaults import library
 
 app = App(help="Constrained online fine-tuning and EWC continual learning.")
@@ -202,12 +202,6 @@ Tune = Annotated[
 Restart = Annotated[bool, typer.Option("--restart", help="Discard the checkpoint in --out and start over.")]
 
 
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # small networks: more threads only contend with the env workers
-
-
 @app.command("finetune")
 def finetune_cmd(
     ctx: typer.Context,
@@ -239,13 +233,16 @@ def finetune_cmd(
     sync_every: SyncEvery = _FT["sync_every"],
     tune: Tune = _FT["tune"],
     seed: Seed = _FT["seed"],
+    threads: Threads = None,
     restart: Restart = False,
 ) -> None:
     """Constrained online fine-tuning (stage 3): SAC under a PID Lagrange multiplier on episode cost.
 
     Warm-started from the checkpoint of stage 2, with every batch mixing offline and online data.
     """
-    _one_thread()
+    from arl_models.presets import apply_threads
+
+    apply_threads(threads=threads)
     from arl_models.data import DatasetError
     from arl_models.online import finetune
     from arl_models.train import TrainingDiverged
@@ -328,9 +325,12 @@ def continual_cmd(
     eval_episodes: ContinualEvalEpisodes = _CONTINUAL.eval_episodes,
     eval_every: ContinualEvalEvery = _CONTINUAL.eval_every,
     seed: Seed = _CONTINUAL.seed,
+    threads: Threads = None,
 ) -> None:
     """EWC continual learning (stage 4): train on a new version, report per-version scores and forgetting."""
-    _one_thread()
+    from arl_models.presets import apply_threads
+
+    apply_threads(threads=threads)
     from arl_models.continual import train_continual
     from arl_models.data import DatasetError
     from arl_models.train import TrainingDiverged

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from arl_cli.common import App, Seed, fail
+from arl_cli.common import App, Seed, Threads, fail
 from arl_cli.defaults import library
 
 app = App(help="Train one stage on a dataset and write a checkpoint directory.")
@@ -41,7 +41,6 @@ Out = Annotated[
 Restart = Annotated[
     bool, typer.Option("--restart", help="Discard the checkpoint in --out and train from scratch.")
 ]
-Threads = Annotated[int | None, typer.Option(help="torch threads of the learner (default: the preset's).")]
 Preset = Annotated[str, typer.Option(help="demo (small, minutes on 2 cores) | paper (d3rlpy/CORL sizes).")]
 Steps = Annotated[int | None, typer.Option(help="Gradient steps (default: the preset's).")]
 ContextDim = Annotated[

@@ -24,7 +24,7 @@ from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EVAL_SEED, EvalResult, Evaluator, evaluate
 from arl_models.metrics import MetricSink
 from arl_models.nets import standardize_inputs
-from arl_models.presets import get_preset
+from arl_models.presets import DEFAULT_PRESET, get_preset
 from arl_models.prioritized import PERConfig, PrioritizedReplay
 from arl_models.replay import ActionScaler, ReplayBuffer
 from arl_models.train import fit
@@ -138,7 +138,7 @@ def train_bc(
     data: str | Path,
     out: str | Path,
     *,
-    preset: str = "demo",
+    preset: str = DEFAULT_PRESET,
     seed: int = 0,
     steps: int | None = None,
     config: BCConfig | None = None,
@@ -255,7 +255,7 @@ def train_offline_algo(
     data: str | Path,
     out: str | Path,
     *,
-    preset: str = "demo",
+    preset: str = DEFAULT_PRESET,
     seed: int = 0,
     steps: int | None = None,
     init_actor: str | Path | None = None,
@@ -314,7 +314,7 @@ def train_offline(
     data: str | Path,
     out: str | Path,
     *,
-    preset: str = "demo",
+    preset: str = DEFAULT_PRESET,
     seed: int = 0,
     algo: str | None = None,
     bc_steps: int | None = None,

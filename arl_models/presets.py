@@ -116,7 +116,11 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def apply_threads(preset: str, threads: int | None = None) -> int:
+DEFAULT_PRESET = "demo"
+"""The preset of every entry point that is not given one."""
+
+
+def apply_threads(preset: str = DEFAULT_PRESET, threads: int | None = None) -> int:
     """Set this process's torch intra-op threads to ``threads``, or the preset's; returns the number."""
     import torch
 

@@ -86,7 +86,7 @@ def generate_dataset_task(
     from arl_models.data.generate import generate_dataset
     from arl_models.presets import apply_threads
 
-    apply_threads("demo")  # the behaviour SAC is a learner: one torch thread, as the stages have
+    apply_threads()  # the behaviour SAC is a learner like the stages
     info = generate_dataset(
         task_name,
         quality,

@@ -31,7 +31,7 @@ def test_finetune_defaults_are_finetune_configs():
     from arl_models.online import FinetuneConfig
 
     defaults, library_cfg = _defaults("finetune"), FinetuneConfig()
-    assert set(defaults) - set(FINETUNE_FIELDS) == {"from_dir", "out", "task", "data", "restart"}
+    assert set(defaults) - set(FINETUNE_FIELDS) == {"from_dir", "out", "task", "data", "restart", "threads"}
     for option, path in FINETUNE_FIELDS.items():
         assert defaults[option] == attrgetter(path)(library_cfg), f"--{option} is not FinetuneConfig.{path}"
     assert finetune_config(defaults) == library_cfg
@@ -62,7 +62,9 @@ def test_continual_defaults_are_continual_configs():
 
     defaults = _defaults("continual")
     options = {
-        k: v for k, v in defaults.items() if k not in ("from_dir", "data", "out", "previous", "naive_from")
+        k: v
+        for k, v in defaults.items()
+        if k not in ("from_dir", "data", "out", "previous", "naive_from", "threads")
     }
     assert continual_config(**options) == ContinualConfig()
     one = continual_config(**{**options, "ewc_networks": "actor", "seed": 3})
