@@ -171,7 +171,7 @@ def train_cql_cmd(
         float | None,
         typer.Option(
             help="Weight of the conservative term (Kumar et al. 2020; default: the preset's); narrow data, "
-            "such as one expert policy's, wants a larger one (benchmarks/README.md)."
+            "such as one expert policy's, wants a larger one."
         ),
     ] = None,
 ) -> None:

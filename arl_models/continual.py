@@ -16,9 +16,8 @@ baseline (sequential training without the penalty, from ``naive_from`` or the sa
 Rehearsal (``ContinualConfig.rehearsal``) draws a fixed share of every offline batch from the earlier
 versions' datasets, the replay half of CLEAR (Rolnick et al., "Experience Replay for Continual
 Learning", NeurIPS 2019). Here it costs no extra storage: every version's dataset is already kept and
-versioned (its effect against the penalty alone: benchmarks/README.md, "Continual learning"). It
-applies to the offline stage, not to the online fine-tuning that may follow. The naive baseline never
-rehearses; EWC at weight 0 with rehearsal is rehearsal alone.
+versioned. It applies to the offline stage, not to the online fine-tuning that may follow. The naive
+baseline never rehearses; EWC at weight 0 with rehearsal is rehearsal alone.
 """
 
 from __future__ import annotations

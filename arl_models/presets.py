@@ -34,9 +34,9 @@ class Preset:
     iql: IQLConfig
     rebrac: ReBRACConfig
     offline_algo: str
-    """Stage 2's algorithm: ``cql``, ``td3bc``, ``iql`` or ``rebrac`` (benchmarks/README.md, "Offline
-    algorithms on data the project did not make": CQL lifts the pipeline's own Pendulum data furthest,
-    TD3+BC leads on the medium locomotion sets)."""
+    """Stage 2's algorithm: ``cql``, ``td3bc``, ``iql`` or ``rebrac`` (their scores on the project's own
+    data and on foreign logs: benchmarks/README.md, "Offline algorithms on data the project did not
+    make")."""
     offline_steps: dict[str, int]
     """Gradient steps of stage 2 by algorithm: a CQL step costs several of TD3+BC's, IQL's or ReBRAC's (it
     evaluates the critics on ``1 + 3N`` action sets), so each gets the budget the preset affords it."""

@@ -37,8 +37,7 @@ class BCConfig:
     """Standardise the actor's input with the dataset's observation statistics (``CQLConfig``)."""
     policy: Literal["deterministic", "gaussian"] = "deterministic"
     """``deterministic``: mean-squared error (d3rlpy's default too); ``gaussian``: negative log-likelihood
-    with the bounds censored. Stage 2 copies either's trunk and mean head (benchmarks/README.md, "Offline
-    algorithms on data the project did not make")."""
+    with the bounds censored. Stage 2 copies either's trunk and mean head."""
     lr: float = 1e-3
     batch_size: int = 256
     weight_decay: float = 0.0

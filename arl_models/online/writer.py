@@ -18,13 +18,12 @@ class OnlineWriter:
 
     Rows are written the step they happen, not at their episode's end, so the next update can draw
     them: with ``n`` environments stepping together, whole episodes would reach the batches about ``n``
-    times as many updates later (benchmarks/README.md, "Constrained fine-tuning"). Both loops write
-    through one writer:
-    the synchronous one a step at a time, the asynchronous one a poll's chunks at a time. ``add``
-    numbers rows in arrival order; ``extend`` takes one environment's rows by those numbers. A row the
-    ring has overwritten before its episode ended gets no return (the slot holds a newer row), nor do
-    the rows of episodes open when an asynchronous run was checkpointed (a resumed run does not continue
-    them); synchronous rounds end on whole episodes, so their checkpoints hold none open.
+    times as many updates later. Both loops write through one writer: the synchronous one a step at a
+    time, the asynchronous one a poll's chunks at a time. ``add`` numbers rows in arrival order;
+    ``extend`` takes one environment's rows by those numbers. A row the ring has overwritten before its
+    episode ended gets no return (the slot holds a newer row), nor do the rows of episodes open when an
+    asynchronous run was checkpointed (a resumed run does not continue them); synchronous rounds end on
+    whole episodes, so their checkpoints hold none open.
     """
 
     def __init__(self, online: ReplayBuffer | PrioritizedReplay, mc: torch.Tensor, gamma: float):
