@@ -288,6 +288,7 @@ def up_cmd(
     The Prefect server checks an API auth string, guards against CSRF and allows CORS for its own UI.
     """
     from tasks.stack import credentials_file, stack_env, up
+    from tasks.tracking import UI_WORKFLOW
 
     paths = _paths()
     typer.echo(f"starting the stack under {paths.home} (logs in {paths.stack}) ...")
@@ -301,7 +302,7 @@ def up_cmd(
         raise typer.Exit(1) from e
     creds = credentials_file(paths)
     typer.secho(f"Prefect UI: {urls.prefect_ui}", bold=True)
-    typer.secho(f"MLflow UI:  {urls.mlflow}/#/experiments?workflowType=machine_learning", bold=True)
+    typer.secho(f"MLflow UI:  {urls.mlflow}/#/experiments?{UI_WORKFLOW}", bold=True)
     typer.echo(f"credentials (mode 0600): {creds}")
     typer.echo("  the Prefect UI asks for PREFECT_API_AUTH_STRING from that file" + (
         "; MLflow's for MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" if urls.mlflow_auth else ""

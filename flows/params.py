@@ -161,17 +161,20 @@ class IngestSource(BaseModel):
     quality: str = Field(
         "medium-replay", description="random | medium | expert | medium-replay | medium-expert | imported"
     )
-    transitions: int = Field(
-        100_000, gt=0, description="Transitions to collect (medium-replay takes the replay as it is)."
+    transitions: int | None = Field(
+        None,
+        gt=0,
+        description="Transitions to collect (empty: the library's; medium-replay takes the replay as it is).",
     )
     seed: int = Field(0, ge=0, lt=2**32)
     behaviour_steps: int | None = Field(
         None, gt=0, description="Steps of the behaviour SAC (empty: the task's)."
     )
-    cost_penalty: float = Field(
-        0.0,
+    cost_penalty: float | None = Field(
+        None,
         ge=0,
-        description="k: the behaviour SAC learns reward - k * cost, so the data hold safe episodes.",
+        description="k: the behaviour SAC learns reward - k * cost, so the data hold safe episodes "
+        "(empty: the library's, none).",
     )
     source: str | None = Field(
         None, description="import: a Minari directory, a D4RL .hdf5 file or a dataset directory."

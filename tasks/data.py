@@ -75,10 +75,10 @@ def generate_dataset_task(
     task_name: str,
     quality: str,
     out: str,
-    transitions: int,
+    transitions: int | None,
     seed: int,
     behaviour_steps: int | None,
-    cost_penalty: float = 0.0,
+    cost_penalty: float | None = None,
 ) -> str:
     """Generate a dataset with the project's behaviour SAC (cached per task, seed, steps and cost penalty)."""
     import sys
@@ -87,15 +87,15 @@ def generate_dataset_task(
     from arl_models.presets import apply_threads
 
     apply_threads()  # the behaviour SAC is a learner like the stages
+    given = {"transitions": transitions, "cost_penalty": cost_penalty}  # None: the library's default
     info = generate_dataset(
         task_name,
         quality,
         out,
-        transitions=transitions,
         seed=seed,
         behaviour_steps=behaviour_steps,
-        cost_penalty=cost_penalty,
         progress=sys.stderr.isatty(),
+        **{k: v for k, v in given.items() if v is not None},
     )
     get_run_logger().info("generated %s: %d transitions of %s", out, info.num_transitions, info.quality)
     return out
