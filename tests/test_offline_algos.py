@@ -79,6 +79,26 @@ def test_td3bc_actor_step_leaves_critics_without_gradient_and_delays_the_actor()
     assert "loss_actor" in m and not torch.equal(actor_before, algo.actor.mu.weight)
 
 
+@pytest.mark.parametrize(
+    "cls,cfg",
+    [(TD3BC, TD3BCConfig(**SMALL, policy_freq=1, actor_warmup=3)), (IQL, IQLConfig(**SMALL, actor_warmup=3))]
+    + [(ReBRAC, ReBRACConfig(**SMALL, policy_freq=1, actor_warmup=3))],
+    ids=["td3bc", "iql", "rebrac"],
+)
+def test_actor_holds_its_warm_start_while_the_critics_warm_up(cls, cfg):
+    algo = cls(3, 1, cfg)
+    buf = make_buffer()
+    actor = {k: v.clone() for k, v in algo.actor.state_dict().items()}
+    critic = {k: v.clone() for k, v in algo.critic.state_dict().items()}
+    for _ in range(3):
+        m = algo.update(buf.sample(32))
+        assert "loss_actor" not in m
+    assert all(torch.equal(v, algo.actor.state_dict()[k]) for k, v in actor.items())
+    assert not all(torch.equal(v, algo.critic.state_dict()[k]) for k, v in critic.items())
+    assert "loss_actor" in algo.update(buf.sample(32))
+    assert not all(torch.equal(v, algo.actor.state_dict()[k]) for k, v in actor.items())
+
+
 def test_iql_value_losses_are_expectiles():
     diff = torch.tensor([-1.0, 1.0])
     assert expectile_loss(diff, 0.5).item() == pytest.approx(0.5)

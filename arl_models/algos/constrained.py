@@ -41,6 +41,9 @@ class ActorCriticConfig:
     tau: float = 0.005
     """Polyak rate of the target networks."""
     batch_size: int = 256
+    actor_warmup: int = 0
+    """Gradient steps in which only the critics (and values) learn before the actor's first update: the
+    actor keeps its warm start until they value it."""
     learn_cost: bool = True
     """Learn a cost critic from the ``cost`` column."""
     cost_q_limit: float | None = None

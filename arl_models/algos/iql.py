@@ -149,8 +149,9 @@ class IQL(OfflineActorCritic):
             if cfg.cost_q_limit is not None:
                 adv = adv - self.cost.lagrangian.value * (qc_data - vc.detach())
         weights = torch.exp(cfg.beta * adv).clamp(max=cfg.max_weight)  # (B,)
-        logp = clipped_gaussian_log_prob(self.actor, batch.obs, batch.act)
-        m["loss_actor"] = self._step(self.actor_opt, -(weights * logp).mean())
+        if self.step >= cfg.actor_warmup:
+            logp = clipped_gaussian_log_prob(self.actor, batch.obs, batch.act)
+            m["loss_actor"] = self._step(self.actor_opt, -(weights * logp).mean())
         soft_update(self.critic_target, self.critic, cfg.tau)
         if self.cost is not None:
             measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)

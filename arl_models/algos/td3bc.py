@@ -148,17 +148,20 @@ class TD3BC(OfflineActorCritic):
                 qc_next = self.cost.target(batch.next_obs, next_act).max(0).values
             metrics["loss_cost_critic"] = self.cost.step(batch, qc_next, self.cfg.gamma, self.cfg.tau)
         self.step += 1
-        if self.step % self.cfg.policy_freq == 0:
-            actor_loss, actor_metrics, qc = self.actor_loss(batch)
-            self.actor_opt.zero_grad(set_to_none=True)
-            actor_loss.backward()
-            self.actor_opt.step()
-            soft_update(self.critic_target, self.critic, self.cfg.tau)
-            soft_update(self.actor_target, self.actor, self.cfg.tau)
-            metrics |= {"loss_actor": actor_loss.item()} | actor_metrics
-            if self.cost is not None:
-                measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
-                metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(
-                    measured, self.cfg.cost_q_limit
-                )
+        if self.step % self.cfg.policy_freq:
+            return metrics
+        soft_update(self.critic_target, self.critic, self.cfg.tau)
+        if self.step <= self.cfg.actor_warmup:
+            return metrics
+        actor_loss, actor_metrics, qc = self.actor_loss(batch)
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+        soft_update(self.actor_target, self.actor, self.cfg.tau)
+        metrics |= {"loss_actor": actor_loss.item()} | actor_metrics
+        if self.cost is not None:
+            measured = self.cost.measure(self.constraint_obs, batch.obs, self.actor.act_mean)
+            metrics |= {"qc_policy": qc.mean().item()} | self.cost.update_multiplier(
+                measured, self.cfg.cost_q_limit
+            )
         return metrics
