@@ -146,6 +146,49 @@ def _start_run(
     )
 
 
+def _judge(
+    stages: _Stages,
+    final: dict[str, Any],
+    forgetting: float | None,
+    validation: dict[str, Any],
+    gate: GateConfig,
+    model_name: str,
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """Score ``final`` (the stage the gate judges) on the gate's episodes, register every stage's policy,
+    and let the gate promote or refuse ``final``'s; returns the evaluation, the versions and the decision."""
+    run_id, uri, runs = stages.where
+    evaluation = evaluate_policy.with_options(**HOOKED)(
+        final["checkpoint"], final["stage"], run_id, uri, gate.eval_episodes, gate.eval_seed
+    )
+    register = register_stage_policy.with_options(**HOOKED)
+    versions = [register(s, stages.data, model_name, git_commit(), uri) for s in stages.done]
+    decision = promote_policy.with_options(**HOOKED)(
+        model_name,
+        versions[stages.done.index(final)]["version"],
+        {
+            "score": evaluation["score"],
+            "references": evaluation["references"],
+            "mean_cost": evaluation["mean_cost"],
+            "forgetting": forgetting,
+            "data_validated": bool(validation.get("validated")),
+        },
+        tolerance=gate.tolerance,
+        cost_budget=gate.cost_budget if gate.cost_budget is not None else evaluation["cost_budget"],
+        max_forgetting=gate.max_forgetting,
+        parent_run_id=run_id,
+        tracking_uri=uri,
+        scored_as={
+            "policy": evaluation["policy"],
+            "episodes": gate.eval_episodes,
+            "seed": gate.eval_seed,
+            "runs_dir": runs,
+        },
+        note="; ".join(stages.notes),
+        siblings=[v["version"] for v, s in zip(versions, stages.done, strict=True) if s is not final],
+    )
+    return evaluation, versions, decision
+
+
 @flow(
     name="offline-to-online",
     log_prints=True,
@@ -185,36 +228,7 @@ def offline_to_online_flow(
     if stages.diverged:
         stages.notes.append(f"the gate judges {final['stage']}")
 
-    evaluation = evaluate_policy.with_options(**HOOKED)(
-        final["checkpoint"], final["stage"], run_id, uri, gate.eval_episodes, gate.eval_seed
-    )
-    register = register_stage_policy.with_options(**HOOKED)
-    versions = [register(s, data, model_name, git_commit(), uri) for s in stages.done]
-    decision = promote_policy.with_options(**HOOKED)(
-        model_name,
-        versions[stages.done.index(final)]["version"],
-        {
-            "score": evaluation["score"],
-            "references": evaluation["references"],
-            "mean_cost": evaluation["mean_cost"],
-            "forgetting": forgetting,
-            "data_validated": bool(validation.get("validated")),
-        },
-        tolerance=gate.tolerance,
-        cost_budget=gate.cost_budget if gate.cost_budget is not None else evaluation["cost_budget"],
-        max_forgetting=gate.max_forgetting,
-        parent_run_id=run_id,
-        tracking_uri=uri,
-        scored_as={
-            "policy": evaluation["policy"],
-            "episodes": gate.eval_episodes,
-            "seed": gate.eval_seed,
-            "runs_dir": runs,
-        },
-        note="; ".join(stages.notes),
-        siblings=[v["version"] for v, s in zip(versions, stages.done, strict=True) if s is not final],
-    )
-
+    evaluation, versions, decision = _judge(stages, final, forgetting, validation, gate, model_name)
     report = continual_report(stages.done[0])
     if report:
         tracking.log_forgetting_plot(run_id, report, bound=gate.max_forgetting, tracking_uri=uri)
