@@ -112,8 +112,9 @@ def main() -> None:
     bare = home / "bare"
     kw = {"preset": args.preset, "seed": 0, "progress": False}
     train_bc(repo / name, bare / "bc", steps=args.bc_steps, **kw)
-    train_cql(repo / name, bare / "cql", steps=args.cql_steps, init_actor=bare / "bc", **kw)
-    last = bare / "cql"
+    # the pipeline's stage names: OUT/bc, OUT/offline, OUT/finetune (their training loops are compared)
+    train_cql(repo / name, bare / "offline", steps=args.cql_steps, init_actor=bare / "bc", **kw)
+    last = bare / "offline"
     if args.finetune_steps != 0:
         from arl_models.online import FinetuneConfig, finetune
         from arl_models.presets import get_preset
