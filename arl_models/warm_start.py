@@ -45,7 +45,7 @@ def actor_from(algo: Any, init_actor: str | Path) -> dict[str, Any]:
     # an actor from before input statistics was trained on raw inputs: it keeps the identity's
     identity = {f"obs_norm.{k}": v for k, v in ObsNorm(algo.obs_dim).state_dict().items()}
     copied = algo.warm_start_actor(identity | actor)
-    if not any(not k.startswith("obs_norm.") for k in copied):  # the statistics alone always fit
+    if all(k.startswith("obs_norm.") for k in copied):  # the statistics alone always fit
         raise ValueError(f"{init_actor}: no actor weights match {algo.name}'s actor (hidden sizes differ?)")
     return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
 

@@ -81,8 +81,11 @@ def test_td3bc_actor_step_leaves_critics_without_gradient_and_delays_the_actor()
 
 @pytest.mark.parametrize(
     "cls,cfg",
-    [(TD3BC, TD3BCConfig(**SMALL, policy_freq=1, actor_warmup=3)), (IQL, IQLConfig(**SMALL, actor_warmup=3))]
-    + [(ReBRAC, ReBRACConfig(**SMALL, policy_freq=1, actor_warmup=3))],
+    [
+        (TD3BC, TD3BCConfig(**SMALL, policy_freq=1, actor_warmup=3)),
+        (IQL, IQLConfig(**SMALL, actor_warmup=3)),
+        (ReBRAC, ReBRACConfig(**SMALL, policy_freq=1, actor_warmup=3)),
+    ],
     ids=["td3bc", "iql", "rebrac"],
 )
 def test_actor_holds_its_warm_start_while_the_critics_warm_up(cls, cfg):
