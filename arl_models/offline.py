@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from arl_models.algos.bc import BC, BCConfig
+from arl_models.algos.calql import mc_returns
+from arl_models.algos.constrained import fit_cost_to_go
 from arl_models.algos.cql import CQL
 from arl_models.algos.iql import IQL
 from arl_models.algos.rebrac import ReBRAC
@@ -237,13 +239,19 @@ class InfeasibleBudgetWarning(UserWarning):
 
 
 def held_to_budget(cls: type[Any], cfg: Any, info: DatasetInfo, t: Transitions, constrained: bool) -> Any:
-    """An offline algorithm for ``info``'s shapes, its inputs standardised on ``t`` (:func:`standardized`);
+    """An offline algorithm for ``info``'s shapes, its inputs standardised on ``t`` (:func:`standardized`),
+    its cost critic started at the data's cost-to-go (:func:`~arl_models.algos.constrained.fit_cost_to_go`);
     with ``constrained`` its actor is held to the dataset's episode cost budget on the data's episode starts,
     where ``Q_c(s0, pi(s0))`` is the expected (discounted) episode cost, against :func:`cql_cost_limit`
     unless ``cfg`` sets a limit of its own."""
     if constrained and cfg.cost_q_limit is None and info.cost_budget is not None:
         cfg = replace(cfg, cost_q_limit=cql_cost_limit(info, cfg.gamma, data=t))
     algo = standardized(cls(info.obs_dim, info.action_dim, cfg), t)
+    nets = algo.networks()
+    if "cost_critic" in nets:
+        act = ActionScaler.of(info.action_low, info.action_high).normalize(t.action)
+        cost_to_go = torch.as_tensor(mc_returns(t.cost, t.episode_end, cfg.gamma))
+        fit_cost_to_go(nets, torch.tensor(t.obs), torch.tensor(act), cost_to_go, seed=cfg.seed)
     starts = t.obs[t.step == 0]
     if constrained and len(starts):
         algo.constraint_obs = torch.as_tensor(starts, dtype=torch.float32)

@@ -134,7 +134,7 @@ def fit(
     sinks = FanoutSink(JsonlSink(out / "metrics.jsonl"), sink)
     extra = (lambda: None) if prioritized is None else prioritized.priority_state_dict
     window: dict[str, float] = {}
-    count = 0
+    count: dict[str, int] = {}  # per metric: the delayed actor's metrics come every policy_freq-th step
     latest: dict[str, float] = {}
     t0, start = time.perf_counter(), algo.step
     bar = tqdm(
@@ -149,17 +149,17 @@ def fit(
             check_finite(m, algo.step, desc or algo.name)
             for k, v in m.items():
                 window[k] = window.get(k, 0.0) + v
-            count += 1
+                count[k] = count.get(k, 0) + 1
             step = algo.step
             bar.update(1)
             if step % log_every == 0 or step == steps:
-                latest = {f"train/{k}": v / count for k, v in window.items()}
+                latest = {f"train/{k}": v / count[k] for k, v in window.items()}
                 latest["train/steps_per_s"] = (step - start) / max(time.perf_counter() - t0, 1e-9)
                 if evaluate is not None and eval_every and (step % eval_every == 0 or step == steps):
                     latest |= evaluate()
                 sinks.log(latest, step)
                 bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in list(latest.items())[:3]})
-                window, count = {}, 0
+                window, count = {}, {}
             if stop_after is not None and step - start >= stop_after:
                 break  # the checkpoint after the loop is the one a rerun resumes from
             if step % save_every == 0 and step < steps:

@@ -1,15 +1,22 @@
 """The offline constraint: the undiscounted episode budget as a limit on the discounted ``Q_c``, the
-multiplier that holds it, and the cost critic's floor."""
+multiplier that holds it, the cost critic's floor and its start at the data's cost-to-go."""
 
 import numpy as np
 import pytest
 import torch
 
+from arl_models.algos.calql import mc_returns
 from arl_models.algos.sac import SAC, SACConfig, td_loss
 from arl_models.checkpoint import read_config
 from arl_models.data import read_dataset, read_info, write_dataset
 from arl_models.lagrange import PIDConfig
-from arl_models.offline import InfeasibleBudgetWarning, cql_cost_limit, train_cql
+from arl_models.offline import (
+    OFFLINE_CLASSES,
+    InfeasibleBudgetWarning,
+    cql_cost_limit,
+    held_to_budget,
+    train_cql,
+)
 from tests.conftest import make_buffer, make_transitions, pendulum_info
 
 
@@ -103,3 +110,24 @@ def test_the_cost_critic_target_is_floored_at_zero():
     with torch.no_grad():
         expected = td_loss(algo.cost_critic(batch.obs, batch.act), batch.cost)
     assert torch.allclose(loss, expected)
+
+
+@pytest.mark.parametrize("algo", sorted(OFFLINE_CLASSES))
+def test_every_offline_cost_critic_starts_at_the_datas_cost_to_go(algo):
+    """Every step pays 1, so a row's discounted cost-to-go is a function of the steps its episode has left
+    (the first observation entry): the cost networks start there, not at zero, and the target with them."""
+    t = _paying([list(range(50))] * 8, length=50)
+    t.obs[:, 0] = t.step / 50.0
+    cls = OFFLINE_CLASSES[algo]
+    cfg = cls.config_cls(hidden=(32, 32), batch_size=64)
+    learner = held_to_budget(cls, cfg, pendulum_info(), t, constrained=False)
+    nets = learner.networks()
+    obs, act = torch.as_tensor(t.obs), torch.as_tensor(t.action / 2.0)
+    cost_to_go = torch.as_tensor(mc_returns(t.cost, t.episode_end, cfg.gamma))
+    with torch.no_grad():
+        q = nets["cost_critic"](obs, act)
+        assert torch.equal(q, nets["cost_critic_target"](obs, act))
+        assert (q.mean(0) - cost_to_go).abs().mean() < 0.1 * cost_to_go.mean()
+        if "cost_value" in nets:
+            v = nets["cost_value"](obs, obs[:, :0])[0]
+            assert (v - cost_to_go).abs().mean() < 0.1 * cost_to_go.mean()

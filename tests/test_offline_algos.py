@@ -1,6 +1,8 @@
 """TD3+BC, IQL and ReBRAC: finite updates, what moves, what each loss touches, determinism, warm start,
 resume; and BC's clipped-Gaussian likelihood on actions saturated at the bounds."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,9 +14,11 @@ from arl_models.algos.rebrac import ReBRAC, ReBRACConfig
 from arl_models.algos.td3bc import TD3BC, TD3BCConfig
 from arl_models.checkpoint import load_policy, read_config
 from arl_models.data.dataset import read_dataset
+from arl_models.lagrange import PIDConfig
 from arl_models.nets import OBS_STD_FLOOR, TanhGaussianActor, obs_standardization
 from arl_models.offline import train_bc, train_offline_algo
 from arl_models.replay import ActionScaler, ReplayBuffer
+from arl_models.train import fit
 from tests.conftest import make_transitions
 
 SMALL = dict(hidden=(16, 16), batch_size=32)
@@ -77,6 +81,17 @@ def test_td3bc_actor_step_leaves_critics_without_gradient_and_delays_the_actor()
     )  # step 1 of 2: critics only
     m = algo.update(batch)
     assert "loss_actor" in m and not torch.equal(actor_before, algo.actor.mu.weight)
+
+
+def test_logged_metrics_average_over_the_steps_that_report_them(tmp_path):
+    """The delayed actor reports every second step: its metrics are averaged over those steps, not halved
+    by the critic-only steps between them (a multiplier held at 1 logs 1)."""
+    pid = PIDConfig(ki=0.0, init=1.0)
+    algo = TD3BC(3, 1, TD3BCConfig(**SMALL, cost_q_limit=0.1, pid=pid))  # policy_freq 2
+    buf = make_buffer()
+    fit(algo, lambda: buf.sample(32), 8, tmp_path, {}, log_every=8, progress=False)
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["train/lagrange_multiplier"] == 1.0
 
 
 @pytest.mark.parametrize(

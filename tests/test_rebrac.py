@@ -214,10 +214,14 @@ def test_the_multiplier_rises_only_while_the_cost_critic_exceeds_the_limit(limit
     assert (m["lagrange_multiplier"] > 0.0) == rises, m
 
 
-def test_the_multiplier_prices_the_cost_in_the_actors_loss():
+def test_the_multiplier_prices_the_cost_in_the_actors_loss_scaled_with_the_objective():
     algo, batch = ReBRAC(3, 1, ReBRACConfig(**SMALL)), _buffer().sample(32)
     assert algo.cost is not None
     free = compute_actor_loss(algo.actor, algo.critic, batch, algo.cfg, algo.cost.critic, None)
     priced = compute_actor_loss(algo.actor, algo.critic, batch, algo.cfg, algo.cost.critic, 2.0)
-    expected = free.actor + free.q_scale * 2.0 * free.qc.mean()
+    with torch.no_grad():
+        q = algo.critic(batch.obs, algo.actor.act_mean(batch.obs)).min(0).values
+    scale = 1.0 / (q.abs().mean() + 2.0 * free.qc.abs().mean())
+    assert torch.isclose(priced.q_scale, scale)
+    expected = free.actor + free.q_scale * q.mean() - scale * (q - 2.0 * free.qc).mean()
     assert torch.isclose(priced.actor, expected, atol=1e-5)

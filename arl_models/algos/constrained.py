@@ -54,6 +54,46 @@ class ActorCriticConfig:
 START_SAMPLE = 256
 """Episode starts drawn per step to measure the constrained value."""
 
+COST_CALIBRATION_STEPS = 3000
+"""Regression steps that start the cost networks at the data's cost-to-go (:func:`fit_cost_to_go`)."""
+
+
+def fit_cost_to_go(
+    nets: dict[str, torch.nn.Module],
+    obs: torch.Tensor,
+    act: torch.Tensor,
+    cost_to_go: torch.Tensor,
+    steps: int = COST_CALIBRATION_STEPS,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> float:
+    """Regress the cost critic ``nets["cost_critic"]`` (and ``nets["cost_value"]``, where an algorithm has
+    one) on the data's discounted Monte-Carlo cost-to-go ``(N,)`` of each row, then copy the critic into
+    ``nets["cost_critic_target"]``; returns the critic's last loss.
+
+    Started at zero, ``Q_c`` reaches the cost-to-go only as fast as soft target updates carry the cost
+    back through the horizon ``1 / (1 - gamma)``: on a locomotion log a third of the way after 30k steps,
+    so ``Q_c(s0, pi(s0))`` reads far below the limit and the multiplier never moves. Started at the
+    behaviour's cost-to-go (Monte-Carlo, as Cal-QL calibrates its reward critic), TD learning has only the
+    policy's difference from the behaviour left to carry.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    critic, value = nets["cost_critic"], nets.get("cost_value")
+    params = [*critic.parameters(), *(value.parameters() if value is not None else ())]
+    opt = torch.optim.Adam(params, lr=lr)
+    loss = torch.zeros(())
+    for _ in range(steps):
+        idx = torch.randint(0, cost_to_go.shape[0], (batch_size,), generator=gen).to(obs.device)
+        o, g = obs.index_select(0, idx), cost_to_go.index_select(0, idx)
+        loss = td_loss(critic(o, act.index_select(0, idx)), g)
+        total = loss + (td_loss(value(o, o[:, :0]), g) if value is not None else 0.0)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+    nets["cost_critic_target"].load_state_dict(critic.state_dict())
+    return loss.item()
+
 
 class CostSide:
     """Cost critic, its target and optimiser, and the multiplier; owned by an algorithm."""

@@ -14,7 +14,8 @@ target updates) with three changes from TD3+BC:
 The data's next action comes with the batch (``Batch.next_act``, from a buffer built with
 ``next_actions``: ``replay.next_actions_of``). The cost side is TD3+BC's (``td3bc.py``, ``constrained.py``):
 ``Q_c`` learns the discounted cost by TD with the same smoothed target action (no penalty), and with
-``cost_q_limit`` set the actor pays ``lambda * nu * Q_c(s, pi(s))``, ``nu`` the PID Lagrange multiplier.
+``cost_q_limit`` set the actor maximises ``lambda (Q - nu Q_c)``, ``nu`` the PID Lagrange multiplier and
+``lambda`` TD3+BC's over the whole objective.
 The policy is the tanh-Gaussian actor acting by its mean, its ``log_std`` head learning the data's spread
 as TD3+BC's does, so a BC actor warm-starts it and fine-tuning takes it as it takes TD3+BC's.
 """
@@ -121,18 +122,18 @@ def compute_actor_loss(
     multiplier: float | None = None,
 ) -> ReBRACLosses:
     """The actor's loss; the critics take no gradient. With ``multiplier`` (the constrained actor) the
-    objective is ``Q - multiplier * Q_c``, scaled as a whole."""
+    objective is ``Q - multiplier * Q_c``, scaled by ``1 / (mean |Q| + multiplier mean |Q_c|)``."""
     act = actor.act_mean(batch.obs)  # (B, A)
     with _frozen(critic):
         q = critic(batch.obs, act).min(0).values  # (B,)
-    scale = 1.0 / q.abs().mean().detach().clamp(min=1e-6) if cfg.normalize_q else q.new_ones(())
-    objective = q
+    objective, magnitude = q, q.abs().mean()
     qc = torch.zeros_like(q)
     if cost_critic is not None:
         with _frozen(cost_critic):
             qc = cost_critic(batch.obs, act).mean(0)
         if multiplier is not None:
-            objective = q - multiplier * qc
+            objective, magnitude = q - multiplier * qc, magnitude + multiplier * qc.abs().mean()
+    scale = 1.0 / magnitude.detach().clamp(min=1e-6) if cfg.normalize_q else q.new_ones(())
     bc = (act - batch.act).pow(2).sum(-1).mean()
     spread = -clipped_gaussian_log_prob(actor, batch.obs, batch.act, detach_mean=True).mean()
     loss = -(scale * objective).mean() + cfg.actor_bc_coef * bc + SPREAD_WEIGHT * spread

@@ -6,8 +6,9 @@ maximises ``lambda Q(s, pi(s)) - mean (pi(s) - a)^2`` with ``lambda = alpha / me
 keeps its weight whatever the scale of the returns.
 
 The cost: ``Q_c`` learns the discounted cost by TD with the same smoothed target action, and with
-``cost_q_limit`` set the actor pays ``lambda * nu * Q_c(s, pi(s))``, ``nu`` the PID Lagrange multiplier
-that holds ``Q_c(s0, pi(s0))`` over the episode starts to the limit (``constrained.py``).
+``cost_q_limit`` set the actor maximises ``lambda (Q - nu Q_c)`` instead, ``nu`` the PID Lagrange
+multiplier that holds ``Q_c(s0, pi(s0))`` over the episode starts to the limit (``constrained.py``), and
+``lambda = alpha / (mean |Q| + nu mean |Q_c|)``: the BC term keeps its weight whatever the multiplier.
 
 The policy is the tanh-Gaussian actor SAC and CQL use, acting by its mean ``tanh(mu(s))``, so fine-tuning
 and serving take it as they take CQL's. Its ``log_std`` head learns the data's spread around that mean
@@ -121,14 +122,15 @@ class TD3BC(OfflineActorCritic):
         act = self.actor.act_mean(batch.obs)
         with _frozen(self.critic):
             q = self.critic(batch.obs, act)[0]  # (B,): the first critic, as the paper
-        lam = self.cfg.alpha / q.abs().mean().detach().clamp(min=1e-6)
-        objective = q
+        objective, magnitude = q, q.abs().mean()
         qc = torch.zeros_like(q)
         if self.cost is not None:
             with _frozen(self.cost.critic):
                 qc = self.cost.critic(batch.obs, act).mean(0)
             if self.cfg.cost_q_limit is not None:
-                objective = q - self.cost.lagrangian.value * qc
+                nu = self.cost.lagrangian.value
+                objective, magnitude = q - nu * qc, magnitude + nu * qc.abs().mean()
+        lam = self.cfg.alpha / magnitude.detach().clamp(min=1e-6)
         bc = (act - batch.act).pow(2).mean()  # over batch and action entries, as the paper's mse_loss
         spread = -clipped_gaussian_log_prob(self.actor, batch.obs, batch.act, detach_mean=True).mean()
         return -(lam * objective).mean() + bc + 0.01 * spread, {"loss_bc": bc.item()}, qc.detach()

@@ -140,6 +140,11 @@ class Transitions:
         """End of an episode, whether by termination or time limit."""
         return self.terminated | self.truncated
 
+    @property
+    def episode_end(self) -> np.ndarray:
+        """The last recorded row of each episode: its end, or where its rows stop (the episode id changes)."""
+        return self.done | np.r_[self.episode_id[1:] != self.episode_id[:-1], True]
+
     def episode_returns(self) -> np.ndarray:
         """Undiscounted return of each episode, in episode order."""
         _, idx = np.unique(self.episode_id, return_inverse=True)

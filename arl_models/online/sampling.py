@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from arl_models.algos.calql import MCBatch, mc_returns
@@ -74,5 +73,4 @@ def offline_buffer(path: str | Path, scaler: ActionScaler, gamma: float) -> tupl
     """The dataset at ``path`` as a replay, with each row's discounted Monte-Carlo return ``(N,)``."""
     t, _ = read_dataset(path)
     buf = ReplayBuffer.from_transitions(t, scaler)
-    ends = t.done | np.r_[t.episode_id[1:] != t.episode_id[:-1], True]
-    return buf, torch.as_tensor(mc_returns(t.reward, ends, gamma))
+    return buf, torch.as_tensor(mc_returns(t.reward, t.episode_end, gamma))
