@@ -116,7 +116,7 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     cfg = replace(
         cfg, conservative="cql", external_multiplier=False, cost_q_limit=None
     )  # the limit of the new data
-    algo = held_to_budget(CalQL, cfg, info, t, constrained)
+    algo = held_to_budget(CalQL, cfg, info, t, constrained, calibrate=False)
     learner_from(algo, from_dir)
     return algo
 
