@@ -2,8 +2,9 @@
 
 Stooke, Achiam and Abbeel, "Responsive Safety in Reinforcement Learning by PID Lagrangian Methods"
 (ICML 2020). Plain gradient ascent on the multiplier is the special case ``kp = kd = 0``, ``ki = lr``.
-The state (integral, previous measurement, multiplier) is carried from stage to stage, so a policy
-does not get a free burst of violations when the offline stage hands over to the online one.
+The state (integral, previous measurement, multiplier) is checkpointed with its stage, and a resumed run
+restores it; a new stage starts afresh, since each stage's multiplier measures its own signal (offline
+the cost critic's value at the data's episode starts, online the episodes' cost against the budget).
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def train_offline_algo(
     BC actor.
 
     With ``constrained`` the actor is held to the dataset's episode cost budget through a Lagrange
-    multiplier on ``Q_c`` (carried over to online fine-tuning). With ``prioritized`` (CQL only) batches are
+    multiplier on ``Q_c``. With ``prioritized`` (CQL only) batches are
     drawn by TD-error priority (``prioritized.py``) with IS-weighted critic losses. ``context_dim``:
     observation entries that condition actor and critics (:func:`conditioning`); a BC start must match.
     """

@@ -11,8 +11,8 @@ Every stage after the first starts from the one before it, in one of two ways:
   networks both have (actor, critics, cost critics, their targets) and the multiplier's state, while the
   optimisers and the temperature start fresh. Either way the step counter restarts at 0.
 
-The idea is d3rlpy's ``copy_policy_from`` / ``copy_q_function_from``; what each stage then does with the
-carried multiplier is the stage's (``online/start.py``).
+The idea is d3rlpy's ``copy_policy_from`` / ``copy_q_function_from``. The stages that follow start their
+multiplier afresh (``online/start.py``, ``continual.py``): theirs measures another signal.
 """
 
 from __future__ import annotations

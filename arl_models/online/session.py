@@ -261,7 +261,7 @@ def _begin(origin: Origin, cfg: FinetuneConfig, out: Path, run_eval: Evaluator) 
     carried = warm_start(origin.algo, origin.from_dir, origin.budget)
     initial = run_eval() if cfg.eval_episodes > 0 else {}
     chain = {k: origin.record[k] for k in ("continual",) if k in origin.record}
-    record = origin.run_record(cfg, {"carried_multiplier": carried, "initial_eval": initial, **chain})
+    record = origin.run_record(cfg, {"start_multiplier": carried, "initial_eval": initial, **chain})
     for name in ("metrics.jsonl", "episodes.jsonl"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / BEST, ignore_errors=True)

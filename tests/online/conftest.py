@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -40,3 +44,18 @@ def tiny_cql(tmp_path_factory, pendulum_data):
     out = tmp_path_factory.mktemp("cql") / "cql"
     train_cql(pendulum_data, out, steps=20, config=TINY_CQL, progress=False, eval_episodes=0)
     return out
+
+
+@contextmanager
+def saved_multiplier(ckpt: Path, value: float):
+    """The checkpoint's saved multiplier set to ``value`` for the block (the fixture is shared)."""
+    ts = ckpt / "train_state" / "state.json"
+    meta = json.loads(ts.read_text())
+    saved = meta["extra"].copy()
+    try:
+        meta["extra"] |= {"lagrangian.value": value, "lagrangian.integral": value}
+        ts.write_text(json.dumps(meta))
+        yield
+    finally:
+        meta["extra"] = saved
+        ts.write_text(json.dumps(meta))

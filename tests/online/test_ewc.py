@@ -19,11 +19,11 @@ from arl_models.algos.ewc import (
     current_anchor,
     policy_fisher,
 )
-from arl_models.continual import ContinualConfig, batches, earlier_buffer, train_continual
+from arl_models.continual import ContinualConfig, _load_algo, batches, earlier_buffer, train_continual
 from arl_models.data.dataset import read_dataset
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
 from arl_models.replay import ActionScaler, ReplayBuffer
-from tests.online.conftest import write_pendulum_data
+from tests.online.conftest import saved_multiplier, write_pendulum_data
 
 
 def _gaussian_actor():
@@ -178,6 +178,16 @@ def test_continual_reports_scores_and_forgetting_for_ewc_and_naive(tiny_cql, pen
         json.loads((tmp_path / "cl" / "continual.json").read_text())["ewc"]["new_version"]
         == "safe-pendulum@1.1.0"
     )
+
+
+def test_continual_holds_the_new_data_with_the_offline_gains_and_a_fresh_multiplier(tiny_cql, pendulum_data):
+    """The champion's multiplier weighed its episodes' cost online: the new data's limit on ``Q_c`` gets the
+    offline gains and a multiplier at rest."""
+    t, info = read_dataset(pendulum_data)
+    with saved_multiplier(tiny_cql, 0.7):
+        algo = _load_algo(tiny_cql, t, info)
+    assert algo.lagrangian.state() == {"integral": 0.0, "prev": 0.0, "value": 0.0}
+    assert algo.cfg.pid == CalQLConfig().pid and algo.cfg.cost_q_limit is not None
 
 
 def test_forgetting_is_measured_against_the_policy_the_start_hands_over(tiny_cql, pendulum_data, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -28,6 +27,7 @@ from arl_models.online import (
     warm_start,
 )
 from arl_models.replay import ActionScaler, ReplayBuffer
+from tests.online.conftest import saved_multiplier
 
 TINY = FinetuneConfig(steps=800, num_envs=2, vector="sync", utd=0.05, eval_episodes=0, batch_size=32)
 
@@ -77,34 +77,21 @@ def test_cost_margin_holds_the_training_episodes_below_the_budget(tiny_cql, tmp_
         finetune(tiny_cql, tmp_path / "bad", config=replace(TINY, cost_margin=1.0), progress=False)
 
 
-@contextmanager
-def _offline_multiplier(ckpt, value: float):
-    """The checkpoint's saved multiplier set to ``value`` for the block (the fixture is shared)."""
-    ts = ckpt / "train_state" / "state.json"
-    meta = json.loads(ts.read_text())
-    saved = meta["extra"].copy()
-    try:
-        meta["extra"] |= {"lagrangian.value": value, "lagrangian.integral": value}
-        ts.write_text(json.dumps(meta))
-        yield
-    finally:
-        meta["extra"] = saved
-        ts.write_text(json.dumps(meta))
-
-
-def test_multiplier_carries_over_from_the_offline_stage(tiny_cql, tmp_path):
-    with _offline_multiplier(tiny_cql, 0.7):
+def test_the_online_multiplier_starts_afresh_whatever_the_offline_one_ended_at(tiny_cql, tmp_path):
+    """Offline the multiplier weighed ``Q_c`` at the episode starts; online it weighs the episodes' cost."""
+    with saved_multiplier(tiny_cql, 0.7):
         algo = build_algo(read_config(tiny_cql), TINY)
-        carried = warm_start(algo, tiny_cql, budget=12.0)
-    assert carried["value"] == 0.7 and algo.lagrangian.value == 0.7
-    assert algo.lagrangian.cfg == TINY.pid  # the online gains, the offline state
+        previous = warm_start(algo, tiny_cql, budget=12.0)
+    assert previous["value"] == 0.7
+    assert algo.lagrangian.state() == {"integral": 0.0, "prev": 0.0, "value": 0.0}
+    assert algo.lagrangian.cfg == TINY.pid
 
 
-def test_the_unconstrained_baseline_neither_applies_nor_reports_the_carried_multiplier(
+def test_the_unconstrained_baseline_neither_applies_nor_reports_a_multiplier(
     tiny_cql, pendulum_data, tmp_path
 ):
     free = replace(TINY, constrained=False)
-    with _offline_multiplier(tiny_cql, 0.7):
+    with saved_multiplier(tiny_cql, 0.7):
         algo = build_algo(read_config(tiny_cql), free)
         warm_start(algo, tiny_cql, budget=12.0)
         final = finetune(tiny_cql, tmp_path / "free", data=pendulum_data, config=free, progress=False)
@@ -312,7 +299,7 @@ def test_finetune_writes_checkpoint_and_cost_records(tiny_cql, pendulum_data, tm
         "stage",
         "from",
         "finetune",
-        "carried_multiplier",
+        "start_multiplier",
         "initial_eval",
     ]
 

@@ -1,6 +1,5 @@
 """Fine-tuning starts from every stage-2 algorithm: TD3+BC, IQL and ReBRAC hand over the networks they share
-with the online learner (actor, critics, cost critics; ReBRAC's critics with their LayerNorms) and the
-multiplier's state."""
+with the online learner (actor, critics, cost critics; ReBRAC's critics with their LayerNorms)."""
 
 from dataclasses import replace
 
@@ -37,7 +36,7 @@ def start(request, tmp_path_factory, pendulum_data):
     return out
 
 
-def test_warm_start_loads_the_shared_networks_and_the_multiplier(start):
+def test_warm_start_loads_the_shared_networks(start):
     rec = read_config(start)
     algo = build_algo(rec, TINY)
     assert algo.cfg.hidden == (16, 16) and algo.cfg.learn_cost
