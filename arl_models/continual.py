@@ -46,7 +46,6 @@ from arl_models.checkpoint import (
 from arl_models.data.dataset import DatasetInfo, Transitions, read_dataset
 from arl_models.envs.registry import get_task
 from arl_models.evaluate import EVAL_SEED, EvalResult, evaluate
-from arl_models.lagrange import PIDLagrangian
 from arl_models.metrics import MetricSink
 from arl_models.offline import dataset_record, env_record, held_to_budget, live_eval
 from arl_models.online import FinetuneConfig, finetune, sample_mixed
@@ -114,14 +113,12 @@ def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     rec = read_config(from_dir)
     cfg = config_from_dict(CalQLConfig, rec["config"])
     constrained = (cfg.cost_q_limit is not None or cfg.external_multiplier) and info.cost_budget is not None
-    # the limit of the new data, held with the offline gains by a multiplier started afresh: the champion's
-    # weighed its episodes' cost, in other units
+    # the limit of the new data, held with the offline gains (the champion's were the online ones)
     cfg = replace(
         cfg, conservative="cql", external_multiplier=False, cost_q_limit=None, pid=CalQLConfig().pid
     )
     algo = held_to_budget(CalQL, cfg, info, t, constrained, calibrate=False)
     learner_from(algo, from_dir)
-    algo.lagrangian = PIDLagrangian(cfg.pid)
     return algo
 
 

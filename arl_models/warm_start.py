@@ -6,13 +6,13 @@ Every stage after the first starts from the one before it, in one of two ways:
   actor matches by name and shape is copied (trunk and mean head; the log-std head of a deterministic
   BC actor does not exist, so it keeps its initialisation), through the learner's ``warm_start_actor``.
 * :func:`learner_from`: a whole learner, from an offline or fine-tuning checkpoint (stage 3 from stage 2,
-  stage 4 from stage 2 or 3). From a checkpoint of the same parts (:data:`SAME_PARTS`) every weight,
-  optimiser moment and the multiplier's state is loaded; from TD3+BC or IQL, whose parts differ, the
-  networks both have (actor, critics, cost critics, their targets) and the multiplier's state, while the
-  optimisers and the temperature start fresh. Either way the step counter restarts at 0.
+  stage 4 from stage 2 or 3). From a checkpoint of the same parts (:data:`SAME_PARTS`) every weight and
+  optimiser moment is loaded; from TD3+BC or IQL, whose parts differ, the networks both have (actor,
+  critics, cost critics, their targets), while the optimisers and the temperature start fresh. Either way
+  the step counter and the multiplier restart at 0: offline the multiplier weighs the cost critic's value
+  at the data's episode starts, online the episodes' cost, in other units.
 
-The idea is d3rlpy's ``copy_policy_from`` / ``copy_q_function_from``. The stages that follow start their
-multiplier afresh (``online/start.py``, ``continual.py``): theirs measures another signal.
+The idea is d3rlpy's ``copy_policy_from`` / ``copy_q_function_from``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from arl_models.algos.sac import SAC
 from arl_models.checkpoint import TRAIN_STATE, WEIGHTS, Algorithm, load_train_state, load_weights, read_config
+from arl_models.lagrange import PIDLagrangian
 from arl_models.nets import ObsNorm
 
 SAME_PARTS = ("cql", "calql", "sac")
@@ -50,17 +52,19 @@ def actor_from(algo: Any, init_actor: str | Path) -> dict[str, Any]:
     return {"path": str(init_actor), "algo": bc_record["algo"], "keys": len(copied)}
 
 
-def learner_from(algo: Algorithm, from_dir: str | Path) -> list[str]:
+def learner_from(algo: SAC, from_dir: str | Path) -> dict[str, float]:
     """Load the checkpoint in ``from_dir`` into ``algo`` (all of it from :data:`SAME_PARTS`, else the
-    shared networks and the multiplier's state) and restart its step count; returns the networks loaded.
-    Loading the train state also sets torch's RNG to the checkpoint's."""
+    shared networks) and restart its step count and its multiplier, which keeps ``algo``'s gains: each
+    stage's multiplier measures its own signal. Returns the multiplier state the checkpoint ended with, for
+    the record. Loading the train state also sets torch's RNG to the checkpoint's."""
     if read_config(from_dir)["algo"] in SAME_PARTS:
         load_train_state(from_dir, algo)
-        loaded = list(algo.networks())
     else:
-        loaded = shared_networks_from(algo, from_dir)
+        shared_networks_from(algo, from_dir)
+    previous = algo.lagrangian.state()
+    algo.lagrangian = PIDLagrangian(algo.lagrangian.cfg)
     algo.step = 0
-    return loaded
+    return previous
 
 
 def shared_networks_from(algo: Algorithm, from_dir: str | Path) -> list[str]:

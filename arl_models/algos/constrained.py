@@ -67,32 +67,39 @@ def fit_cost_to_go(
     batch_size: int = 256,
     lr: float = 1e-3,
     seed: int = 0,
-) -> float:
+) -> None:
     """Regress the cost critic ``nets["cost_critic"]`` (and ``nets["cost_value"]``, where an algorithm has
     one) on the data's discounted Monte-Carlo cost-to-go ``(N,)`` of each row, then copy the critic into
-    ``nets["cost_critic_target"]``; returns the critic's last loss.
+    ``nets["cost_critic_target"]``.
 
     Started at zero, ``Q_c`` reaches the cost-to-go only as fast as soft target updates carry the cost
-    back through the horizon ``1 / (1 - gamma)``: on a locomotion log a third of the way after 30k steps,
-    so ``Q_c(s0, pi(s0))`` reads far below the limit and the multiplier never moves. Started at the
-    behaviour's cost-to-go (Monte-Carlo, as Cal-QL calibrates its reward critic), TD learning has only the
-    policy's difference from the behaviour left to carry.
+    back through the horizon ``1 / (1 - gamma)``, so ``Q_c(s0, pi(s0))`` reads below the limit for tens
+    of thousands of steps. Started at the behaviour's cost-to-go, TD learning has only the policy's
+    difference from the behaviour left to carry.
     """
     gen = torch.Generator().manual_seed(seed)
     critic, value = nets["cost_critic"], nets.get("cost_value")
     params = [*critic.parameters(), *(value.parameters() if value is not None else ())]
     opt = torch.optim.Adam(params, lr=lr)
-    loss = torch.zeros(())
     for _ in range(steps):
         idx = torch.randint(0, cost_to_go.shape[0], (batch_size,), generator=gen).to(obs.device)
         o, g = obs.index_select(0, idx), cost_to_go.index_select(0, idx)
         loss = td_loss(critic(o, act.index_select(0, idx)), g)
-        total = loss + (td_loss(value(o, o[:, :0]), g) if value is not None else 0.0)
+        if value is not None:
+            loss = loss + td_loss(value(o, o[:, :0]), g)
         opt.zero_grad(set_to_none=True)
-        total.backward()
+        loss.backward()
         opt.step()
     nets["cost_critic_target"].load_state_dict(critic.state_dict())
-    return loss.item()
+
+
+def priced(q: torch.Tensor, qc: torch.Tensor, multiplier: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's objective ``Q - multiplier * Q_c`` ``(B,)`` (``Q`` without a multiplier) and its scale,
+    ``mean |Q| + multiplier mean |Q_c|`` (no gradient), for TD3+BC's ``lambda = alpha / scale``: the BC
+    term keeps its weight whatever the multiplier."""
+    if multiplier is None:
+        return q, q.abs().mean().detach()
+    return q - multiplier * qc, (q.abs().mean() + multiplier * qc.abs().mean()).detach()
 
 
 class CostSide:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from arl_models.algos.bc import clipped_gaussian_log_prob
-from arl_models.algos.constrained import ActorCriticConfig
+from arl_models.algos.constrained import ActorCriticConfig, priced
 from arl_models.algos.sac import _frozen, td_loss
 from arl_models.algos.td3bc import TD3BC
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
@@ -126,14 +126,12 @@ def compute_actor_loss(
     act = actor.act_mean(batch.obs)  # (B, A)
     with _frozen(critic):
         q = critic(batch.obs, act).min(0).values  # (B,)
-    objective, magnitude = q, q.abs().mean()
     qc = torch.zeros_like(q)
     if cost_critic is not None:
         with _frozen(cost_critic):
             qc = cost_critic(batch.obs, act).mean(0)
-        if multiplier is not None:
-            objective, magnitude = q - multiplier * qc, magnitude + multiplier * qc.abs().mean()
-    scale = 1.0 / magnitude.detach().clamp(min=1e-6) if cfg.normalize_q else q.new_ones(())
+    objective, magnitude = priced(q, qc, multiplier if cost_critic is not None else None)
+    scale = 1.0 / magnitude.clamp(min=1e-6) if cfg.normalize_q else q.new_ones(())
     bc = (act - batch.act).pow(2).sum(-1).mean()
     spread = -clipped_gaussian_log_prob(actor, batch.obs, batch.act, detach_mean=True).mean()
     loss = -(scale * objective).mean() + cfg.actor_bc_coef * bc + SPREAD_WEIGHT * spread

@@ -28,6 +28,7 @@ from arl_models.algos.constrained import (
     ActorCriticConfig,
     CostSide,
     OfflineActorCritic,
+    priced,
 )
 from arl_models.algos.sac import _frozen, td_loss
 from arl_models.nets import EnsembleCritic, TanhGaussianActor, copy_matching, network_adam, soft_update
@@ -122,15 +123,15 @@ class TD3BC(OfflineActorCritic):
         act = self.actor.act_mean(batch.obs)
         with _frozen(self.critic):
             q = self.critic(batch.obs, act)[0]  # (B,): the first critic, as the paper
-        objective, magnitude = q, q.abs().mean()
         qc = torch.zeros_like(q)
+        nu = None
         if self.cost is not None:
             with _frozen(self.cost.critic):
                 qc = self.cost.critic(batch.obs, act).mean(0)
             if self.cfg.cost_q_limit is not None:
                 nu = self.cost.lagrangian.value
-                objective, magnitude = q - nu * qc, magnitude + nu * qc.abs().mean()
-        lam = self.cfg.alpha / magnitude.detach().clamp(min=1e-6)
+        objective, magnitude = priced(q, qc, nu)
+        lam = self.cfg.alpha / magnitude.clamp(min=1e-6)
         bc = (act - batch.act).pow(2).mean()  # over batch and action entries, as the paper's mse_loss
         spread = -clipped_gaussian_log_prob(self.actor, batch.obs, batch.act, detach_mean=True).mean()
         return -(lam * objective).mean() + bc + 0.01 * spread, {"loss_bc": bc.item()}, qc.detach()

@@ -13,7 +13,6 @@ from arl_models.algos.calql import CalQL, CalQLConfig, Regularizer
 from arl_models.checkpoint import config_from_dict, config_record, read_config
 from arl_models.data.dataset import content_digest, read_info
 from arl_models.envs.registry import TaskSpec, get_task
-from arl_models.lagrange import PIDConfig, PIDLagrangian
 from arl_models.online.config import FinetuneConfig
 from arl_models.warm_start import SAME_PARTS, learner_from
 
@@ -48,15 +47,12 @@ def build_algo(record: dict[str, Any], cfg: FinetuneConfig, regularizer: Regular
 
 def warm_start(algo: CalQL, from_dir: str | Path, budget: float) -> dict[str, float]:
     """The learner from the checkpoint in ``from_dir`` (``warm_start.learner_from``: all of a SAC-family
-    checkpoint, the shared networks of TD3+BC's or IQL's), its multiplier started afresh on the episode
-    cost with the online gains (the unconstrained baseline's stays at 0). The checkpoint's multiplier
-    weighed another signal, the cost critic's value at the data's episode starts, in other units; its state
-    is returned for the record."""
-    learner_from(algo, from_dir)
-    old = algo.lagrangian.state()
-    algo.lagrangian = PIDLagrangian(algo.cfg.pid if algo.cfg.external_multiplier else PIDConfig())
+    checkpoint, the shared networks of TD3+BC's or IQL's), its multiplier at rest with the online gains
+    (the unconstrained baseline never updates it); returns the checkpoint's multiplier state, for the
+    record."""
+    previous = learner_from(algo, from_dir)
     torch.manual_seed(algo.cfg.seed)
-    return old
+    return previous
 
 
 def env_record(record: dict[str, Any], spec: TaskSpec, budget: float, data: str | Path) -> dict[str, Any]:
