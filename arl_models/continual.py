@@ -107,7 +107,7 @@ def score_on(policy_dir: str | Path, info: DatasetInfo, episodes: int, seed: int
     return _score(evaluate_on(policy_dir, info, episodes, seed), info)
 
 
-def _load_algo(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
+def offline_start(from_dir: Path, t: Transitions, info: DatasetInfo) -> CalQL:
     """A CQL-family algorithm holding ``from_dir``'s weights, configured for offline training on ``info``;
     a constrained start stays constrained, held on the new data's episode starts as ``train_cql`` does."""
     rec = read_config(from_dir)
@@ -198,7 +198,7 @@ def _train_branch(
     """Offline CQL on the new data (with or without EWC), then optionally online fine-tuning; returns the
     final checkpoint directory."""
     t, info = read_dataset(data)
-    algo = _load_algo(from_dir, t, info)
+    algo = offline_start(from_dir, t, info)
     offline_out = out / "offline" if cfg.online_steps > 0 else out
     offline_out.mkdir(parents=True, exist_ok=True)
     penalty = None

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from arl_models.algos.bc import clipped_gaussian_log_prob
-from arl_models.algos.constrained import ActorCriticConfig, priced
+from arl_models.algos.constrained import priced
 from arl_models.algos.sac import _frozen, td_loss
-from arl_models.algos.td3bc import TD3BC
+from arl_models.algos.td3bc import DelayedActorCritic, TD3Config
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
 from arl_models.replay import Batch
 
@@ -38,7 +38,7 @@ SPREAD_WEIGHT = 0.01
 
 
 @dataclass(frozen=True)
-class ReBRACConfig(ActorCriticConfig):
+class ReBRACConfig(TD3Config):
     """ReBRAC's settings; the defaults are CORL's (tinkoff-ai/CORL at 6afec90, ``algorithms/offline/
     rebrac.py`` and ``configs/offline/rebrac/hopper/medium_v2.yaml``), except the network depth: CORL's
     actor and critics have three hidden layers of 256 (``rebrac.py`` lines 42-44), ours the two of
@@ -138,9 +138,9 @@ def compute_actor_loss(
     return ReBRACLosses(actor=loss, bc=bc.detach(), q_scale=scale, qc=qc.detach())
 
 
-class ReBRAC(TD3BC):
-    """TD3+BC's learner (networks, optimisers, warm start, the delayed update, the cost side) with
-    ReBRAC's critics, critic target and actor loss."""
+class ReBRAC(DelayedActorCritic):
+    """TD3's learner (networks, optimisers, warm start, the delayed update, the cost side) with ReBRAC's
+    critics, critic target and actor loss."""
 
     name = "rebrac"
     config_cls = ReBRACConfig

@@ -36,14 +36,20 @@ from arl_models.replay import Batch
 
 
 @dataclass(frozen=True)
-class TD3BCConfig(ActorCriticConfig):
-    alpha: float = 2.5
-    """Weight of the critic term against the BC term (the paper's alpha)."""
+class TD3Config(ActorCriticConfig):
+    """TD3's update (Fujimoto et al. 2018): target policy smoothing and a delayed actor."""
+
     policy_noise: float = 0.2
     """Std of the target policy smoothing noise, in the [-1, 1] action space."""
     noise_clip: float = 0.5
     policy_freq: int = 2
     """Critic steps per actor (and target) step."""
+
+
+@dataclass(frozen=True)
+class TD3BCConfig(TD3Config):
+    alpha: float = 2.5
+    """Weight of the critic term against the BC term (the paper's alpha)."""
 
 
 def smoothed_target_action(
@@ -55,11 +61,13 @@ def smoothed_target_action(
     return (mean + eps).clamp(-1.0, 1.0)
 
 
-class TD3BC(OfflineActorCritic):
-    name = "td3bc"
-    config_cls = TD3BCConfig
+class DelayedActorCritic(OfflineActorCritic):
+    """TD3's learner with a cost side: networks, optimisers, warm start, the critics' TD loss and the
+    delayed update; subclasses give the actor's loss."""
 
-    def __init__(self, obs_dim: int, act_dim: int, cfg: TD3BCConfig, device: str | torch.device = "cpu"):
+    cfg: TD3Config
+
+    def __init__(self, obs_dim: int, act_dim: int, cfg: TD3Config, device: str | torch.device = "cpu"):
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.obs_dim, self.act_dim = obs_dim, act_dim
@@ -120,21 +128,7 @@ class TD3BC(OfflineActorCritic):
 
     def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """``(loss, metrics, Q_c(s, pi(s)))``; the critics take no gradient."""
-        act = self.actor.act_mean(batch.obs)
-        with _frozen(self.critic):
-            q = self.critic(batch.obs, act)[0]  # (B,): the first critic, as the paper
-        qc = torch.zeros_like(q)
-        nu = None
-        if self.cost is not None:
-            with _frozen(self.cost.critic):
-                qc = self.cost.critic(batch.obs, act).mean(0)
-            if self.cfg.cost_q_limit is not None:
-                nu = self.cost.lagrangian.value
-        objective, magnitude = priced(q, qc, nu)
-        lam = self.cfg.alpha / magnitude.clamp(min=1e-6)
-        bc = (act - batch.act).pow(2).mean()  # over batch and action entries, as the paper's mse_loss
-        spread = -clipped_gaussian_log_prob(self.actor, batch.obs, batch.act, detach_mean=True).mean()
-        return -(lam * objective).mean() + bc + 0.01 * spread, {"loss_bc": bc.item()}, qc.detach()
+        raise NotImplementedError
 
     def update(self, batch: Batch) -> dict[str, float]:
         with torch.no_grad():
@@ -168,3 +162,26 @@ class TD3BC(OfflineActorCritic):
                 measured, self.cfg.cost_q_limit
             )
         return metrics
+
+
+class TD3BC(DelayedActorCritic):
+    name = "td3bc"
+    config_cls = TD3BCConfig
+    cfg: TD3BCConfig
+
+    def actor_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        act = self.actor.act_mean(batch.obs)
+        with _frozen(self.critic):
+            q = self.critic(batch.obs, act)[0]  # (B,): the first critic, as the paper
+        qc = torch.zeros_like(q)
+        nu = None
+        if self.cost is not None:
+            with _frozen(self.cost.critic):
+                qc = self.cost.critic(batch.obs, act).mean(0)
+            if self.cfg.cost_q_limit is not None:
+                nu = self.cost.lagrangian.value
+        objective, magnitude = priced(q, qc, nu)
+        lam = self.cfg.alpha / magnitude.clamp(min=1e-6)
+        bc = (act - batch.act).pow(2).mean()  # over batch and action entries, as the paper's mse_loss
+        spread = -clipped_gaussian_log_prob(self.actor, batch.obs, batch.act, detach_mean=True).mean()
+        return -(lam * objective).mean() + bc + 0.01 * spread, {"loss_bc": bc.item()}, qc.detach()

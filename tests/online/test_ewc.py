@@ -19,7 +19,7 @@ from arl_models.algos.ewc import (
     current_anchor,
     policy_fisher,
 )
-from arl_models.continual import ContinualConfig, _load_algo, batches, earlier_buffer, train_continual
+from arl_models.continual import ContinualConfig, batches, earlier_buffer, offline_start, train_continual
 from arl_models.data.dataset import read_dataset
 from arl_models.nets import EnsembleCritic, TanhGaussianActor
 from arl_models.replay import ActionScaler, ReplayBuffer
@@ -185,7 +185,7 @@ def test_continual_holds_the_new_data_with_the_offline_gains_and_a_fresh_multipl
     offline gains and a multiplier at rest."""
     t, info = read_dataset(pendulum_data)
     with saved_multiplier(tiny_cql, 0.7):
-        algo = _load_algo(tiny_cql, t, info)
+        algo = offline_start(tiny_cql, t, info)
     assert algo.lagrangian.state() == {"integral": 0.0, "prev": 0.0, "value": 0.0}
     assert algo.cfg.pid == CalQLConfig().pid and algo.cfg.cost_q_limit is not None
 
