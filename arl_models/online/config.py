@@ -66,7 +66,7 @@ class FinetuneConfig:
     ``budget * (1 - cost_margin)`` (benchmarks/README.md, "Constrained fine-tuning")."""
     pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
     """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
-    its state carries over from the offline stage."""
+    it starts at rest (the offline stage's weighed ``Q_c``, not episodes), a resumed run at its own."""
     online_capacity: int = 1_000_000
     prioritized: PERConfig | None = None
     """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'
@@ -83,8 +83,10 @@ class FinetuneConfig:
     ``async``: a pool of environment workers collects while the learner updates (``async_loop.py``)."""
     workers: WorkerConfig = WorkerConfig()
     """The worker pool of ``pipeline="async"`` (ignored by ``sync``)."""
-    eval_every: int = 5
-    """Rounds between deterministic evaluations (0: only at the start and the end)."""
+    eval_every: int = 1
+    """Rounds between deterministic evaluations (0: only at the start and the end). Each evaluation
+    within the budget is a candidate for ``OUT/best``; the evaluation runs its episodes in one vector
+    environment, cheap beside a round's updates."""
     eval_episodes: int = 10
     keep_best: bool = True
     """Write ``OUT/best/`` (a policy, loadable by ``load_policy``) whenever an evaluation within the
