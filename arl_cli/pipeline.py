@@ -232,15 +232,15 @@ def _stop_temporary_server() -> None:
 
 
 def _data_score(data_dir: str) -> str:
-    """The dataset's own mean episode return, normalised where it has references: the bar the stages must
-    beat."""
+    """The dataset's own mean episode return (normalised where it has references) and cost: the bar the
+    stages must beat."""
     from arl_models.data import read_dataset
 
     t, info = read_dataset(data_dir)
-    ret = float(t.episode_returns().mean())
+    ret, cost = float(t.episode_returns().mean()), float(t.episode_costs().mean())
     if info.ref_random_return is None or info.ref_expert_return is None:
-        return f"return {ret:.1f} (no reference returns)"
-    return f"score {info.normalized_score(ret):.1f} (return {ret:.1f})"
+        return f"return {ret:.1f} (no reference returns), cost {cost:.1f}"
+    return f"score {info.normalized_score(ret):>6.1f}  cost {cost:6.1f}  (return {ret:.1f})"
 
 
 def _print_result(result: dict) -> None:
@@ -249,10 +249,13 @@ def _print_result(result: dict) -> None:
     typer.echo(f"  {'data':8s} {'':>13s}  {_data_score(result['dataset']['dir'])}")
     for name, s in result["stages"].items():
         m = s["metrics"]
-        score = m.get("eval/normalized_score")
-        shown = score if score is None else round(score, 1)
+        score, cost = m.get("eval/normalized_score"), m.get("eval/cost")
+        shown = [v if v is None else round(v, 1) for v in (score, cost)]
         online = f" + {int(s['online_steps'])} online" if s.get("online_steps") else ""
-        typer.echo(f"  {name:8s} {int(s['steps']):>7d} steps{online}  score {shown!s:>6}  {s['checkpoint']}")
+        typer.echo(
+            f"  {name:8s} {int(s['steps']):>7d} steps{online}  score {shown[0]!s:>6}  cost {shown[1]!s:>6}  "
+            f"{s['checkpoint']}"
+        )
     typer.echo(
         f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} "
         f"(budget {ev['cost_budget']:g})"

@@ -196,3 +196,31 @@ def test_merge_writes_one_mixed_dataset_and_names_a_missing_part(tiny_dataset, t
         and "nope: not a dataset directory" in res.output
         and not (tmp_path / "m2").exists()
     )
+
+
+def test_pipeline_summary_shows_score_and_cost_beside_the_datas(tiny_dataset, capsys):
+    """Each stage's line and the data's carry a score and an episode cost, so the lift and its price show."""
+    from arl_cli.pipeline import _print_result
+    from arl_models.data import read_dataset
+
+    t, _ = read_dataset(tiny_dataset)
+    stage = {
+        "steps": 10,
+        "checkpoint": "ckpt/bc",
+        "metrics": {"eval/normalized_score": 12.34, "eval/cost": 5.67},
+    }
+    _print_result(
+        {
+            "dataset": {"dir": str(tiny_dataset)},
+            "stages": {"bc": stage},
+            "evaluation": {"score": 12.3, "mean_cost": 5.7, "cost_budget": 10.0},
+            "decision": {"promoted": True, "model": "m", "version": 1, "alias": "champion", "reason": "ok"},
+            "run_id": "r",
+            "tracking_uri": "sqlite:///x",
+        }
+    )
+    lines = capsys.readouterr().out.splitlines()
+    data = next(line for line in lines if line.strip().startswith("data"))
+    assert f"cost {t.episode_costs().mean():6.1f}" in data
+    bc = next(line for line in lines if line.strip().startswith("bc"))
+    assert "score   12.3" in bc and "cost    5.7" in bc
