@@ -256,9 +256,11 @@ def _print_result(result: dict) -> None:
             f"  {name:8s} {int(s['steps']):>7d} steps{online}  score {shown[0]!s:>6}  cost {shown[1]!s:>6}  "
             f"{s['checkpoint']}"
         )
+    policy = Path(ev["policy"])
+    shown_policy = f"{policy.parent.name}/best" if policy.name == "best" else policy.name
     typer.echo(
-        f"  evaluation: score {ev['score']:.1f}, mean cost {ev['mean_cost']:.1f} "
-        f"(budget {ev['cost_budget']:g})"
+        f"  evaluation of {shown_policy} ({ev['episodes']} episodes): score {ev['score']:.1f}, "
+        f"mean cost {ev['mean_cost']:.1f} (budget {ev['cost_budget']:g})"
     )
     colour = typer.colors.GREEN if d["promoted"] else typer.colors.YELLOW
     typer.secho(f"  {d['model']} version {d['version']} -> {d['alias']}: {d['reason']}", fg=colour)

@@ -199,7 +199,8 @@ def test_merge_writes_one_mixed_dataset_and_names_a_missing_part(tiny_dataset, t
 
 
 def test_pipeline_summary_shows_score_and_cost_beside_the_datas(tiny_dataset, capsys):
-    """Each stage's line and the data's carry a score and an episode cost, so the lift and its price show."""
+    """Each stage's line and the data's carry a score and an episode cost, so the lift and its price show;
+    the evaluation names the policy it judged (fine-tuning hands over ``best/``)."""
     from arl_cli.pipeline import _print_result
     from arl_models.data import read_dataset
 
@@ -213,7 +214,13 @@ def test_pipeline_summary_shows_score_and_cost_beside_the_datas(tiny_dataset, ca
         {
             "dataset": {"dir": str(tiny_dataset)},
             "stages": {"bc": stage},
-            "evaluation": {"score": 12.3, "mean_cost": 5.7, "cost_budget": 10.0},
+            "evaluation": {
+                "score": 12.3,
+                "mean_cost": 5.7,
+                "cost_budget": 10.0,
+                "policy": "runs/x/finetune-1/best",
+                "episodes": 50,
+            },
             "decision": {"promoted": True, "model": "m", "version": 1, "alias": "champion", "reason": "ok"},
             "run_id": "r",
             "tracking_uri": "sqlite:///x",
@@ -224,3 +231,4 @@ def test_pipeline_summary_shows_score_and_cost_beside_the_datas(tiny_dataset, ca
     assert f"cost {t.episode_costs().mean():6.1f}" in data
     bc = next(line for line in lines if line.strip().startswith("bc"))
     assert "score   12.3" in bc and "cost    5.7" in bc
+    assert "  evaluation of finetune-1/best (50 episodes): score 12.3, mean cost 5.7 (budget 10)" in lines
