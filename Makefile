@@ -27,11 +27,13 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/arl pipeline run --task $(TASK) --preset $(PRESET)
 
+# Two pytest workers fill the two cores (the learners in tests run one thread each); `--dist loadfile`
+# keeps a file's tests on one worker, so the slow learning tests build their datasets once.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check arl_models arl_cli tasks flows tests benchmarks

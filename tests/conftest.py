@@ -9,6 +9,14 @@ from arl_models.data.dataset import DatasetInfo, Transitions, with_metadata, wri
 from arl_models.replay import ActionScaler, ReplayBuffer
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per test process, as the presets give each learner: `make test` runs two workers
+    on two cores."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def make_transitions(
     n_episodes: int = 4, length: int = 50, obs_dim: int = 3, act_dim: int = 1, seed: int = 0
 ) -> Transitions:

@@ -41,19 +41,19 @@ def test_cql_beats_bc_on_medium_replay(pendulum_datasets, tmp_path):
     assert cql.normalized_score > bc.normalized_score + 15.0, (bc.normalized_score, cql.normalized_score)
 
 
-@pytest.mark.parametrize("algo,margin", [("td3bc", 5.0), ("iql", 15.0)])
-def test_the_offline_half_beats_bc_on_random_and_expert_data(pendulum_datasets, tmp_path, algo, margin):
+@pytest.mark.parametrize("algo,steps", [("td3bc", 10_000), ("iql", 15_000)])
+def test_the_offline_half_beats_bc_on_random_and_expert_data(pendulum_datasets, tmp_path, algo, steps):
     """Half the episodes random, half expert: BC copies both, stage 2 should prefer the expert's actions.
-    BC, then ``algo`` from it (``arl train offline``), unconstrained, at the demo preset's steps."""
+    BC at the demo preset's steps, then ``algo`` from it (``arl train offline``), unconstrained."""
     from arl_models.data.dataset import merge_datasets
     from arl_models.offline import train_offline
 
     data = tmp_path / "random-expert"
     merge_datasets([pendulum_datasets["random"], pendulum_datasets["expert"]], data)
-    train_offline(data, tmp_path, algo=algo, progress=False, eval_episodes=0, constrained=False)
+    train_offline(data, tmp_path, algo=algo, steps=steps, progress=False, eval_episodes=0, constrained=False)
     bc = evaluate_checkpoint(tmp_path / "bc", episodes=EPISODES)
     stage2 = evaluate_checkpoint(tmp_path / algo, episodes=EPISODES)
-    assert stage2.normalized_score > bc.normalized_score + margin, (
+    assert stage2.normalized_score > bc.normalized_score + 15.0, (
         bc.normalized_score,
         stage2.normalized_score,
     )
