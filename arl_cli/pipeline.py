@@ -112,7 +112,10 @@ RunPreset = Annotated[
 RunSeed = Annotated[int | None, typer.Option(help="Random seed of every stage (default: the flow's).")]
 BcSteps = Annotated[int | None, typer.Option(help="BC gradient steps (default: the preset's).")]
 OfflineAlgo = Annotated[
-    str | None, typer.Option(help="Stage 2's algorithm: cql | td3bc | iql | rebrac (default: the preset's).")
+    str | None,
+    typer.Option(
+        help="Stage 2's algorithm: cql | td3bc | iql | rebrac (default: the preset's for the task)."
+    ),
 ]
 OfflineSteps = Annotated[int | None, typer.Option(help="Stage 2's gradient steps (default: the preset's).")]
 FinetuneSteps = Annotated[

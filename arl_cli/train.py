@@ -261,7 +261,9 @@ def train_offline_cmd(
     seed: Seed = _OFFLINE.seed,
     algo: Annotated[
         str | None,
-        typer.Option(help="cql | td3bc | iql | rebrac (default: the preset's, the pipeline's stage 2)."),
+        typer.Option(
+            help="cql | td3bc | iql | rebrac (default: the pipeline's stage 2 for the data's task)."
+        ),
     ] = None,
     bc_steps: Annotated[int | None, typer.Option(help="BC gradient steps (default: the preset's).")] = None,
     steps: Annotated[

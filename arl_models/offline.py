@@ -20,7 +20,7 @@ from arl_models.algos.iql import IQL
 from arl_models.algos.rebrac import ReBRAC
 from arl_models.algos.td3bc import TD3BC
 from arl_models.checkpoint import config_record, load_policy, record_references
-from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, read_dataset
+from arl_models.data.dataset import DatasetInfo, Transitions, content_digest, read_dataset, read_info
 from arl_models.envs.registry import context_dim_of, get_task
 from arl_models.evaluate import EVAL_SEED, EvalResult, Evaluator, evaluate
 from arl_models.metrics import MetricSink
@@ -339,8 +339,9 @@ def train_offline(
     restart: bool = False,
 ) -> dict[str, dict[str, float]]:
     """The pipeline's stages 1-2 at their defaults: BC into ``out/bc``, then stage 2's algorithm (``algo``,
-    default the preset's) from it into ``out/<algo>``; returns both final records by stage."""
-    algo = algo or get_preset(preset).offline_algo
+    default the preset's for the data's task) from it into ``out/<algo>``; returns both final records by
+    stage."""
+    algo = algo or get_preset(preset).stage2_algo(read_info(data).task)
     out = Path(out)
     common: dict[str, Any] = {
         "preset": preset,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from arl_models.algos.bc import BCConfig
@@ -34,9 +36,12 @@ class Preset:
     iql: IQLConfig
     rebrac: ReBRACConfig
     offline_algo: str
-    """Stage 2's algorithm: ``cql``, ``td3bc``, ``iql`` or ``rebrac`` (their scores on the project's own
-    data and on foreign logs: benchmarks/README.md, "Offline algorithms on data the project did not
-    make")."""
+    """Stage 2's algorithm (``cql``, ``td3bc``, ``iql`` or ``rebrac``) on a task
+    :attr:`offline_algo_by_task` does not name."""
+    offline_algo_by_task: Mapping[str, str]
+    """Stage 2's algorithm by task name, where another measured better than :attr:`offline_algo`
+    (benchmarks/README.md, "Offline algorithms on data the project did not make" and "The offline half
+    held to the budget")."""
     offline_steps: dict[str, int]
     """Gradient steps of stage 2 by algorithm: a CQL step costs several of TD3+BC's, IQL's or ReBRAC's (it
     evaluates the critics on ``1 + 3N`` action sets), so each gets the budget the preset affords it."""
@@ -62,19 +67,26 @@ class Preset:
             rebrac=replace(self.rebrac, seed=seed),
         )
 
-    def offline_steps_of(self, algo: str | None = None) -> int:
-        """Stage 2's gradient steps for ``algo`` (default: :attr:`offline_algo`)."""
-        algo = algo or self.offline_algo
+    def stage2_algo(self, task: str) -> str:
+        """Stage 2's algorithm on ``task`` (``name`` or ``name@version``)."""
+        return self.offline_algo_by_task.get(task.partition("@")[0], self.offline_algo)
+
+    def offline_steps_of(self, algo: str) -> int:
+        """Stage 2's gradient steps for ``algo``."""
         self.offline_config(algo)  # names the choices when ``algo`` is unknown
         return self.offline_steps[algo]
 
-    def offline_config(self, algo: str | None = None) -> Any:
-        """The config of offline algorithm ``algo`` (default: :attr:`offline_algo`)."""
-        algo = algo or self.offline_algo
+    def offline_config(self, algo: str) -> Any:
+        """The config of offline algorithm ``algo``."""
         if algo not in OFFLINE_ALGOS:
             raise KeyError(f"unknown offline algorithm {algo!r}; known: {', '.join(OFFLINE_ALGOS)}")
         return getattr(self, algo)
 
+
+LOCOMOTION_STAGE2 = MappingProxyType(
+    {"safe-hopper": "td3bc", "safe-halfcheetah": "td3bc", "safe-walker2d": "iql"}
+)
+"""Where CQL is not stage 2: on the MuJoCo tasks, the algorithm that scored best on their data."""
 
 PRESETS: dict[str, Preset] = {
     "demo": Preset(
@@ -86,6 +98,7 @@ PRESETS: dict[str, Preset] = {
         iql=IQLConfig(hidden=(64, 64), batch_size=256),
         rebrac=ReBRACConfig(hidden=(64, 64), batch_size=256),
         offline_algo="cql",
+        offline_algo_by_task=LOCOMOTION_STAGE2,
         offline_steps={"cql": 5_000, "td3bc": 30_000, "iql": 30_000, "rebrac": 30_000},
         finetune_steps=6_400,
         continual_steps=2_000,
@@ -105,6 +118,7 @@ PRESETS: dict[str, Preset] = {
         iql=IQLConfig(hidden=(256, 256), batch_size=256),
         rebrac=ReBRACConfig(hidden=(256, 256), batch_size=1024),
         offline_algo="cql",
+        offline_algo_by_task=LOCOMOTION_STAGE2,
         offline_steps={"cql": 500_000, "td3bc": 1_000_000, "iql": 1_000_000, "rebrac": 1_000_000},
         finetune_steps=250_000,
         continual_steps=100_000,

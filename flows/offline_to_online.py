@@ -216,7 +216,9 @@ def offline_to_online_flow(
     run_id = _start_run(dataset, training, gate, experiment, data, uri, paths)
     validation = validate_in_run.with_options(**HOOKED)(data["dir"], run_id, uri)
 
-    stages = _Stages(training.stage_specs(gate.eval_episodes), data, run_id, uri, runs, refresh_cache)
+    stages = _Stages(
+        training.stage_specs(data["task"], gate.eval_episodes), data, run_id, uri, runs, refresh_cache
+    )
     finetune = training.finetune_steps != 0
     start = None
     if training.continual_steps != 0:

@@ -42,7 +42,7 @@ class TrainingConfig(BaseModel):
     seed: int = Field(0, ge=0, lt=2**32, description="Random seed of every stage.")
     bc_steps: int | None = Field(None, gt=0, description="BC gradient steps (empty: the preset's).")
     offline_algo: Literal["cql", "td3bc", "iql", "rebrac"] | None = Field(
-        None, description="Stage 2's offline algorithm (empty: the preset's)."
+        None, description="Stage 2's offline algorithm (empty: the preset's for the dataset's task)."
     )
     offline_steps: int | None = Field(
         None, gt=0, description="Stage 2's gradient steps (empty: the preset's)."
@@ -96,9 +96,9 @@ class TrainingConfig(BaseModel):
         "(empty: the library's; 0: the new data alone).",
     )
 
-    def stage_specs(self, forgetting_episodes: int) -> dict[str, StageSpec]:
-        """The four stages' library configs, resolved once from this form (stage 4's forgetting is measured
-        over the gate's ``forgetting_episodes``)."""
+    def stage_specs(self, task: str, forgetting_episodes: int) -> dict[str, StageSpec]:
+        """The four stages' library configs on ``task``, resolved once from this form (stage 4's forgetting
+        is measured over the gate's ``forgetting_episodes``)."""
         common = {
             "preset": self.preset,
             "seed": self.seed,
@@ -115,7 +115,11 @@ class TrainingConfig(BaseModel):
         return {
             "bc": bc_spec(steps=self.bc_steps, **common),
             "offline": offline_spec(
-                algo=self.offline_algo, steps=self.offline_steps, constrained=self.constrained, **common
+                task=task,
+                algo=self.offline_algo,
+                steps=self.offline_steps,
+                constrained=self.constrained,
+                **common,
             ),
             "finetune": online,
             "ewc": ewc_spec(

@@ -78,17 +78,19 @@ def bc_spec(
 def offline_spec(
     preset: str,
     seed: int,
+    task: str,
     algo: str | None = None,
     steps: int | None = None,
     constrained: bool = True,
     eval_episodes: int | None = None,
     threads: int | None = None,
 ) -> StageSpec:
-    """Stage 2: ``algo`` (None: the preset's) with its cost critic, from the BC actor."""
+    """Stage 2 on ``task``: ``algo`` (None: the preset's for the task) with its cost critic, from the BC
+    actor."""
     from dataclasses import replace
 
     p = _preset(preset)
-    algo = algo or p.offline_algo
+    algo = algo or p.stage2_algo(task)
     config = replace(p.offline_config(algo), seed=seed)
     episodes = p.eval_episodes if eval_episodes is None else eval_episodes
     return StageSpec(

@@ -62,8 +62,8 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert len(c.get_metric_history(offline.info.run_id, "train/loss_critic")) >= 1
     plots = {a.path for a in c.list_artifacts(offline.info.run_id, "plots")}
     assert plots == {"plots/learning_curve.png", "plots/cost_curve.png"}
-    # stage 2 ran the preset's algorithm, and its run names it with its settings
-    assert offline.data.tags["arl.algo"] == get_preset("demo").offline_algo
+    # stage 2 ran the preset's algorithm for the task, and its run names it with its settings
+    assert offline.data.tags["arl.algo"] == get_preset("demo").stage2_algo("safe-pendulum")
     assert offline.data.params["seed"] == "0" and offline.data.params["algo.hidden"]
     # 1.0.0 observes no plant: the trained networks are unconditioned, and the run says so
     assert offline.data.params["algo.context_dim"] == "task" and offline.data.tags["arl.context_dim"] == "0"

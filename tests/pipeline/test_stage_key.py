@@ -19,7 +19,7 @@ MD5 = "0" * 32
 
 
 def _keys(form: TrainingConfig | None = None) -> dict[str, str]:
-    specs = (form or TrainingConfig()).stage_specs(forgetting_episodes=10)
+    specs = (form or TrainingConfig()).stage_specs("safe-pendulum", forgetting_episodes=10)
     return {s: stage_key(specs[s], MD5, None) for s in STAGES}
 
 
@@ -38,16 +38,16 @@ def test_a_new_network_layout_retrains_every_cached_stage(monkeypatch: pytest.Mo
 
 
 def test_settings_data_upstream_and_inputs_are_part_of_the_key() -> None:
-    spec = offline_spec("demo", 0)
+    spec = offline_spec("demo", 0, "safe-pendulum")
     key = stage_key(spec, MD5, None)
-    assert stage_key(offline_spec("demo", 1), MD5, None) != key
-    assert stage_key(offline_spec("demo", 0, steps=7), MD5, None) != key
-    assert stage_key(offline_spec("demo", 0, constrained=False), MD5, None) != key
+    assert stage_key(offline_spec("demo", 1, "safe-pendulum"), MD5, None) != key
+    assert stage_key(offline_spec("demo", 0, "safe-pendulum", steps=7), MD5, None) != key
+    assert stage_key(offline_spec("demo", 0, "safe-pendulum", constrained=False), MD5, None) != key
     assert stage_key(spec, MD5, "upstream") != key
     assert stage_key(spec, "1" * 32, None) != key
     assert stage_key(spec, MD5, None, inputs=["a"]) != key
-    assert stage_key(offline_spec("demo", 0, algo="td3bc"), MD5, None) != stage_key(
-        offline_spec("demo", 0, algo="iql"), MD5, None
+    assert stage_key(offline_spec("demo", 0, "safe-pendulum", algo="td3bc"), MD5, None) != stage_key(
+        offline_spec("demo", 0, "safe-pendulum", algo="iql"), MD5, None
     )
 
 
@@ -57,10 +57,12 @@ def test_threads_change_speed_not_the_key() -> None:
 
 
 def test_an_empty_form_is_the_librarys_defaults() -> None:
-    specs = TrainingConfig().stage_specs(forgetting_episodes=GATE.eval_episodes)
+    specs = TrainingConfig().stage_specs("safe-pendulum@1.1.0", forgetting_episodes=GATE.eval_episodes)
     p = get_preset("demo")
     assert specs["bc"].config == p.bc and specs["bc"].steps == p.bc_steps
-    assert specs["offline"].algo == p.offline_algo and specs["offline"].config == p.offline_config()
+    assert specs["offline"].algo == p.offline_algo == "cql" and specs["offline"].config == p.offline_config(
+        "cql"
+    )
     library = FinetuneConfig(steps=p.finetune_steps, eval_episodes=p.eval_episodes)
     assert specs["finetune"].config == library
     ewc = specs["ewc"].config
@@ -72,8 +74,19 @@ def test_an_empty_form_is_the_librarys_defaults() -> None:
 
 def test_the_form_overrides_only_what_it_gives() -> None:
     form = TrainingConfig(finetune_envs=2, finetune_vector="async", rehearsal=0.25, ewc_weight=3)
-    specs = form.stage_specs(5)
+    specs = form.stage_specs("safe-pendulum", 5)
     ft = specs["finetune"].config
     assert (ft.num_envs, ft.vector, ft.cost_margin) == (2, "async", FinetuneConfig.cost_margin)
     assert specs["ewc"].config.rehearsal == 0.25 and specs["ewc"].config.ewc.weight == 3
     assert specs["ewc"].config.eval_episodes == 5
+
+
+def test_stage_2_is_the_algorithm_measured_best_on_the_task() -> None:
+    p = get_preset("demo")
+    algo = {
+        t: TrainingConfig().stage_specs(t, 10)["offline"].algo for t in ("safe-pendulum", "safe-hopper@1.0.0")
+    }
+    assert algo == {"safe-pendulum": "cql", "safe-hopper@1.0.0": "td3bc"}
+    spec = TrainingConfig().stage_specs("safe-walker2d", 10)["offline"]
+    assert (spec.algo, spec.steps, spec.config) == ("iql", p.offline_steps["iql"], p.iql)
+    assert TrainingConfig(offline_algo="rebrac").stage_specs("safe-hopper", 10)["offline"].algo == "rebrac"
