@@ -55,7 +55,7 @@ COMPARE_ROWS = (
     ("preset", lambda r: r.data.params.get("training.preset", "")),
     ("seed", lambda r: r.data.params.get("training.seed", "")),
     ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
-    ("offline algo", lambda r: r.data.params.get("training.offline_algo", "").replace("None", "(preset's)")),
+    ("offline algo", lambda r: r.data.tags.get("arl.offline_algo", "")),
     ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
     *(
         (f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))

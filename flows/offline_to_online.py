@@ -119,10 +119,12 @@ def _start_run(
     gate: GateConfig,
     experiment: str | None,
     data: dict,
+    specs: dict[str, StageSpec],
     uri: str,
     paths: Any,
 ) -> str:
-    """The pipeline's parent MLflow run, with the form as params and the trace as tags."""
+    """The pipeline's parent MLflow run, with the form as params and the trace as tags (stage 2's
+    algorithm as resolved for the task among them)."""
     task_name = data["task"]
     return start_pipeline_run(
         experiment or f"arl-{task_name}",
@@ -140,6 +142,7 @@ def _start_run(
             "arl.git_commit": git_commit(),
             "arl.prefect.flow_run_id": str(flow_run.get_id() or ""),
             "arl.preset": training.preset,
+            "arl.offline_algo": specs["offline"].algo,
         },
         tracking_uri=uri,
         artifact_location=artifact_location(uri, paths),
@@ -213,12 +216,11 @@ def offline_to_online_flow(
         str(flow_data_repo(dataset.repo, paths.data_repo)), dataset.path, dataset.version
     )
     model_name = gate.model_name or f"arl-{data['task']}"
-    run_id = _start_run(dataset, training, gate, experiment, data, uri, paths)
+    specs = training.stage_specs(data["task"], gate.eval_episodes)
+    run_id = _start_run(dataset, training, gate, experiment, data, specs, uri, paths)
     validation = validate_in_run.with_options(**HOOKED)(data["dir"], run_id, uri)
 
-    stages = _Stages(
-        training.stage_specs(data["task"], gate.eval_episodes), data, run_id, uri, runs, refresh_cache
-    )
+    stages = _Stages(specs, data, run_id, uri, runs, refresh_cache)
     finetune = training.finetune_steps != 0
     start = None
     if training.continual_steps != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -62,8 +63,9 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     assert len(c.get_metric_history(offline.info.run_id, "train/loss_critic")) >= 1
     plots = {a.path for a in c.list_artifacts(offline.info.run_id, "plots")}
     assert plots == {"plots/learning_curve.png", "plots/cost_curve.png"}
-    # stage 2 ran the preset's algorithm for the task, and its run names it with its settings
+    # stage 2 ran the preset's algorithm for the task; its run and the parent's name it
     assert offline.data.tags["arl.algo"] == get_preset("demo").stage2_algo("safe-pendulum")
+    assert parent.data.tags["arl.offline_algo"] == offline.data.tags["arl.algo"]
     assert offline.data.params["seed"] == "0" and offline.data.params["algo.hidden"]
     # 1.0.0 observes no plant: the trained networks are unconditioned, and the run says so
     assert offline.data.params["algo.context_dim"] == "task" and offline.data.tags["arl.context_dim"] == "0"
@@ -296,6 +298,7 @@ def test_a_new_data_version_continues_the_champion_with_ewc(demo_version: dict, 
     console.print(compare_table("safe-pendulum", limit=1, tracking_uri=_uri()))
     text = console.export_text()
     assert f"second@{new['md5'][:8]}" in text and "ewc score" in text and "forgetting safe-pendulum-" in text
+    assert re.search(r"offline algo\s*│\s*cql\s*│", text), text  # stage 2 as resolved for the task
     assert result["decision"]["reason"][-40:] in text.replace("\n", "")
 
     # on another machine (no local checkpoint) stage 4 starts from the registry's copy
