@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -10,11 +12,13 @@ from arl_models.replay import ActionScaler, ReplayBuffer
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One torch thread per test process, as the presets give each learner: `make test` runs two workers
-    on two cores."""
+    """Each test process as on a busy two-core machine (`make test` runs two workers): one torch thread, as
+    the presets give each learner, and a temporary Prefect server given the time to start that the `arl`
+    commands give it (arl_cli/pipeline.py). Before collection, since Prefect reads its settings on import."""
     import torch
 
     torch.set_num_threads(1)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def make_transitions(

@@ -48,6 +48,8 @@ def test_two_gates_racing_leave_the_better_champion(
     def gate(version: str, score: float) -> None:
         results[version] = registry.promote(name, version, _candidate(score), **GATE, tracking_uri=mlflow_uri)
 
+    with registry.gate_lock(name):  # the Prefect server holding the lock is up before the race starts
+        pass
     slow = threading.Thread(target=gate, args=(worse, 50.0))
     slow.start()
     assert stalled.wait(60)
