@@ -56,7 +56,7 @@ COMPARE_ROWS = (
     ("seed", lambda r: r.data.params.get("training.seed", "")),
     ("bc steps", lambda r: r.data.params.get("training.bc_steps", "")),
     ("offline algo", lambda r: r.data.tags.get("arl.offline_algo", "")),
-    ("offline steps", lambda r: r.data.params.get("training.offline_steps", "")),
+    ("offline steps", lambda r: r.data.tags.get("arl.offline_steps", "")),
     *(
         (f"{stage} {what}", lambda r, k=f"{stage}/{key}": _num(r.data.metrics.get(k)))
         for stage in ("bc", "offline", "finetune", "ewc")

@@ -124,7 +124,7 @@ def _start_run(
     paths: Any,
 ) -> str:
     """The pipeline's parent MLflow run, with the form as params and the trace as tags (stage 2's
-    algorithm as resolved for the task among them)."""
+    algorithm and steps as resolved for the task among them)."""
     task_name = data["task"]
     return start_pipeline_run(
         experiment or f"arl-{task_name}",
@@ -143,6 +143,7 @@ def _start_run(
             "arl.prefect.flow_run_id": str(flow_run.get_id() or ""),
             "arl.preset": training.preset,
             "arl.offline_algo": specs["offline"].algo,
+            "arl.offline_steps": str(specs["offline"].steps),
         },
         tracking_uri=uri,
         artifact_location=artifact_location(uri, paths),

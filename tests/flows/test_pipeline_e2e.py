@@ -66,6 +66,7 @@ def test_pipeline_registers_a_champion_and_a_worse_run_does_not_replace_it(demo_
     # stage 2 ran the preset's algorithm for the task; its run and the parent's name it
     assert offline.data.tags["arl.algo"] == get_preset("demo").stage2_algo("safe-pendulum")
     assert parent.data.tags["arl.offline_algo"] == offline.data.tags["arl.algo"]
+    assert parent.data.tags["arl.offline_steps"] == str(TINY["offline_steps"])
     assert offline.data.params["seed"] == "0" and offline.data.params["algo.hidden"]
     # 1.0.0 observes no plant: the trained networks are unconditioned, and the run says so
     assert offline.data.params["algo.context_dim"] == "task" and offline.data.tags["arl.context_dim"] == "0"
