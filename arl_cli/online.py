@@ -33,6 +33,7 @@ FINETUNE_FIELDS = {
     "budget": "cost_budget",
     "constrained": "constrained",
     "cost_margin": "cost_margin",
+    "cost_signal": "cost_signal",
     "kp": "pid.kp",
     "ki": "pid.ki",
     "kd": "pid.kd",
@@ -140,14 +141,21 @@ Constrained = Annotated[
 CostMargin = Annotated[
     float,
     typer.Option(
-        help="Share of the budget held in reserve: training episodes are held to budget x (1 - margin)."
+        help="Share of the budget held in reserve: the measured cost is held to budget x (1 - margin)."
+    ),
+]
+CostSignal = Annotated[
+    str,
+    typer.Option(
+        help="Cost the multiplier measures: evaluation (each round's deterministic evaluation, the policy "
+        "handed over; the training episodes' in rounds without one) | episodes (the training episodes')."
     ),
 ]
 Kp = Annotated[
     float,
     typer.Option(
         help="Proportional gain of the PID Lagrange multiplier (Stooke et al. 2020) on the relative "
-        "violation cost / budget - 1."
+        "violation: measured cost / budget - (1 - margin)."
     ),
 ]
 Ki = Annotated[
@@ -216,6 +224,7 @@ def finetune_cmd(
     budget: Budget = _FT["budget"],
     constrained: Constrained = _FT["constrained"],
     cost_margin: CostMargin = _FT["cost_margin"],
+    cost_signal: CostSignal = _FT["cost_signal"],
     kp: Kp = _FT["kp"],
     ki: Ki = _FT["ki"],
     kd: Kd = _FT["kd"],

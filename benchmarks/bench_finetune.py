@@ -52,6 +52,7 @@ def _baseline_dir(root: Path, start: Path, data: Path | None, task: str, cfg) ->
     for constraint_only in (
         "pid",
         "cost_margin",
+        "cost_signal",
     ):  # left out, not set to a default: a changed default keeps the key
         del config[constraint_only]
     data = data or Path(read_config(start)["dataset"]["path"])  # as finetune resolves it
@@ -148,6 +149,11 @@ def main() -> None:
     p.add_argument(
         "--cost-margin", type=float, default=0.6, help="share of the budget the multiplier holds in reserve"
     )
+    p.add_argument(
+        "--cost-signal",
+        choices=("evaluation", "episodes"),
+        help="what the multiplier measures (default: the library's, FinetuneConfig.cost_signal)",
+    )
     p.add_argument("--kp", type=float, default=1.0, help="multiplier gains (per round, on cost / budget - 1)")
     p.add_argument("--ki", type=float, default=0.5)
     p.add_argument("--kd", type=float, default=0.0)
@@ -191,6 +197,8 @@ def main() -> None:
         cost_margin=a.cost_margin,
         pid=PIDConfig(kp=a.kp, ki=a.ki, kd=a.kd),
     )
+    if a.cost_signal:
+        cfg = replace(cfg, cost_signal=a.cost_signal)
     runs = {"constrained": cfg, "unconstrained": replace(cfg, constrained=False)}
     dirs = {
         "constrained": a.workdir / f"{a.task}-constrained-s{a.seed}",
@@ -224,6 +232,7 @@ def main() -> None:
         "episodes_per_round": a.episodes_per_round or a.num_envs,
         "pid": {"kp": a.kp, "ki": a.ki, "kd": a.kd},
         "cost_margin": a.cost_margin,
+        "cost_signal": cfg.cost_signal,
         "utd": a.utd,
         "offline_ratio": a.offline_ratio,
         "eval_episodes": a.eval_episodes,

@@ -1,19 +1,20 @@
 """Stage 3: constrained online fine-tuning from the CQL checkpoint.
 
 SAC (or CQL / Cal-QL critics, see ``algos/calql.py``) warm-started from the offline checkpoint:
-actor, reward critics, cost critic, optimiser moments and the Lagrange multiplier's state. Offline,
-the multiplier was driven by ``Q_c``; here the measured signal switches to the undiscounted cost of
-finished episodes relative to the task's episode budget (``cost / budget``, held to ``1 - cost_margin``),
-with the configured PID gains, and the multiplier's value and integral carry over, so the policy gets no
-free burst of violations at the switch (Stooke et al. 2020). Relative, so that one set of gains fits
-budgets of 12 and 25 and episode costs of 50 or 300: an episode at twice the budget is an error of 1.
+actor, reward critics, cost critic and optimiser moments. Offline, the multiplier weighed ``Q_c`` at the
+data's episode starts; here it starts at rest and measures the undiscounted cost of whole episodes
+relative to the task's episode budget (``cost / budget``, held to ``1 - cost_margin``) with the configured
+PID gains (Stooke et al. 2020): by default the cost of each round's deterministic evaluation, the policy
+a run hands over (``cost_signal``). Relative, so that one set of gains fits budgets of 10 and 25 and
+episode costs of 50 or 300: an episode at twice the budget is an error of 1.
 
 Each batch is ``round(offline_ratio * B)`` transitions of the offline dataset plus the rest from the
 online replay (Ball et al. 2023, "RLPD": symmetric sampling). Work is organised in rounds of whole
 episodes: ``episodes_per_round`` episodes are collected while ``utd`` gradient updates are done per
-environment step, then the multiplier is updated, metrics logged and a checkpoint written. Each step's
-transitions enter the online replay at once (:class:`OnlineWriter`), so the next update can draw them;
-Cal-QL's Monte-Carlo return of a row is filled in when its episode ends. A checkpoint after a round
+environment step, then the policy is evaluated (every ``eval_every`` rounds), the multiplier updated,
+metrics logged and a checkpoint written. Each step's transitions enter the online replay at once
+(:class:`OnlineWriter`), so the next update can draw them; Cal-QL's Monte-Carlo return of a row is filled
+in when its episode ends. A checkpoint after a round
 holds everything needed to continue (weights, optimisers, multiplier, RNG, the online replay and the
 counters), so an interrupted run resumes from its last round.
 
@@ -48,7 +49,7 @@ from arl_models.locks import holding_out
 from arl_models.metrics import MetricSink
 from arl_models.online.async_loop import run_async, stress_run
 from arl_models.online.config import FinetuneConfig, WorkerConfig
-from arl_models.online.rounds import OnlineState, Round, after_round
+from arl_models.online.rounds import OnlineState, Round, after_round, measured_cost, steer
 from arl_models.online.sampling import offline_buffer, sample_mixed, sample_mixed_prioritized
 from arl_models.online.session import Session, best_selection, open_session
 from arl_models.online.start import SAME_PARTS, Origin, build_algo, env_record, resolve_origin, warm_start
@@ -70,6 +71,7 @@ __all__ = [
     "env_record",
     "finetune",
     "make_envs",
+    "measured_cost",
     "offline_buffer",
     "open_session",
     "resolve_origin",
@@ -77,6 +79,7 @@ __all__ = [
     "run_sync",
     "sample_mixed",
     "sample_mixed_prioritized",
+    "steer",
     "stress_run",
     "warm_start",
 ]
@@ -131,3 +134,5 @@ def _check_config(cfg: FinetuneConfig) -> None:
         raise ValueError(f"pipeline must be 'sync' or 'async', got {cfg.pipeline!r}")
     if not 0.0 <= cfg.cost_margin < 1.0:
         raise ValueError(f"cost_margin is a share of the budget in [0, 1), got {cfg.cost_margin}")
+    if cfg.cost_signal not in ("evaluation", "episodes"):
+        raise ValueError(f"cost_signal must be 'evaluation' or 'episodes', got {cfg.cost_signal!r}")

@@ -13,8 +13,8 @@ session as the synchronous loop (warm start, offline data, online replay, multip
   more than one chunk per worker of updates it stops reading, and the workers wait: the UTD holds,
   as in the synchronous loop, and the gain is the overlap of collection with learning.
 * Every ``episodes_per_round`` finished episodes (default: one per environment) make a *round*, as in
-  the synchronous loop: the multiplier is updated from their mean cost, metrics are logged,
-  evaluations and checkpoints follow the same ``eval_every`` / ``save_every``.
+  the synchronous loop: evaluations follow the same ``eval_every``, the multiplier is updated from the
+  same measured cost, metrics are logged and checkpoints follow ``save_every``.
 * Every ``tune_interval_s``, and at the end of a round that had no reading yet, the rates of the
   interval (environment steps, inference calls, transitions produced and consumed, learner
   utilisation) are logged under ``pipeline/...``, so every round's row carries them; with

@@ -62,11 +62,16 @@ class FinetuneConfig:
     cost_budget: float | None = None
     """Budget on the undiscounted cost of one episode (default: the task's, 25 for the velocity tasks)."""
     cost_margin: float = 0.6
-    """Share of the budget held in reserve: the multiplier holds the training episodes' mean cost to
-    ``budget * (1 - cost_margin)`` (benchmarks/README.md, "Constrained fine-tuning")."""
+    """Share of the budget held in reserve: the multiplier holds the measured cost (``cost_signal``) to
+    ``budget * (1 - cost_margin)``."""
+    cost_signal: str = "evaluation"
+    """The cost the multiplier measures after each round: ``evaluation``, the mean cost of the round's
+    deterministic evaluation (the policy that keep-best hands over) where the round has one, else the
+    training episodes'; ``episodes``, always the training episodes' (stochastic actions)."""
     pid: PIDConfig = PIDConfig(kp=1.0, ki=0.5, kd=0.0)
-    """Gains of the multiplier on the relative violation ``mean episode cost / budget - 1`` (per round);
-    it starts at rest (the offline stage's weighed ``Q_c``, not episodes), a resumed run at its own."""
+    """Gains of the multiplier on the relative violation ``measured cost / budget - (1 - cost_margin)``
+    (per round); it starts at rest (the offline stage's weighed ``Q_c``, not episodes), a resumed run at
+    its own."""
     online_capacity: int = 1_000_000
     prioritized: PERConfig | None = None
     """Sample the online part of each batch by priority and freshness (``prioritized.py``): its rows'

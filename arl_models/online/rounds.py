@@ -128,7 +128,8 @@ def after_round(
     budget: float,
     out: Path,
 ) -> dict[str, float]:
-    """Count the round's episodes, update the multiplier from their mean cost, return the round's metrics."""
+    """Count the round's episodes and return the round's metrics (the multiplier is updated once the
+    round's evaluation, if any, is in: :func:`steer`)."""
     rets = np.array([e[0] for e in rnd.episodes])
     costs = np.array([e[1] for e in rnd.episodes])
     with (out / "episodes.jsonl").open("a") as f:
@@ -152,9 +153,6 @@ def after_round(
             )
     state.rounds += 1
     state.updates += rnd.n_updates
-    if cfg.constrained:
-        # relative: gains independent of scale
-        algo.lagrangian.update(float(costs.mean()) / budget, 1.0 - cfg.cost_margin)
     m = {f"online/{k}": v for k, v in rnd.mean_metrics().items()}
     return m | {
         "online/episode_return": float(rets.mean()),
@@ -162,7 +160,23 @@ def after_round(
         "online/cumulative_cost": state.cumulative_cost,
         "online/violating_episodes": float(state.violations),
         "online/episodes": float(state.episodes),
-        "online/lagrange_multiplier": algo.lagrangian.value,
         "online/updates": float(state.updates),
         "online/online_buffer": float(len(rnd.writer.online)),
     }
+
+
+def measured_cost(cfg: FinetuneConfig, metrics: dict[str, float]) -> float:
+    """The episode cost the multiplier steers after a round (``cfg.cost_signal``): the deterministic
+    evaluation's mean cost where ``metrics`` hold one and the signal is ``evaluation``, else the
+    training episodes' mean cost."""
+    if cfg.cost_signal == "evaluation" and "eval/cost" in metrics:
+        return metrics["eval/cost"]
+    return metrics["online/episode_cost"]
+
+
+def steer(algo: CalQL, cfg: FinetuneConfig, metrics: dict[str, float], budget: float) -> None:
+    """Update the multiplier from the round's measured cost (relative to the budget, so that one set of
+    gains fits every task) and record its value in ``metrics``."""
+    if cfg.constrained:
+        algo.lagrangian.update(measured_cost(cfg, metrics) / budget, 1.0 - cfg.cost_margin)
+    metrics["online/lagrange_multiplier"] = algo.lagrangian.value

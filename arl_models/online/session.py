@@ -27,7 +27,7 @@ from arl_models.envs.registry import TaskSpec
 from arl_models.evaluate import Evaluator
 from arl_models.metrics import FanoutSink, JsonlSink, MetricSink
 from arl_models.online.config import FinetuneConfig
-from arl_models.online.rounds import OnlineState
+from arl_models.online.rounds import OnlineState, steer
 from arl_models.online.sampling import offline_buffer, sample_mixed, sample_mixed_prioritized
 from arl_models.online.start import Origin, warm_start
 from arl_models.online.writer import OnlineWriter
@@ -117,11 +117,12 @@ class Session:
     progress: bool
 
     def report_round(self, latest: dict[str, float]) -> None:
-        """Evaluate when due, log the round's metrics and print a progress line."""
+        """Evaluate when due, update the multiplier, log the round's metrics and print a progress line."""
         cfg, state = self.cfg, self.state
         if cfg.eval_every and state.rounds % cfg.eval_every == 0 and cfg.eval_episodes > 0:
             latest |= self.run_eval()
             self.keep_best(latest)
+        steer(self.algo, cfg, latest, self.budget)
         self.sinks.log(latest, state.env_steps)
         if self.progress:
             ev = ""

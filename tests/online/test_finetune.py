@@ -23,7 +23,9 @@ from arl_models.online import (
     build_algo,
     finetune,
     make_envs,
+    measured_cost,
     sample_mixed,
+    steer,
     warm_start,
 )
 from arl_models.replay import ActionScaler, ReplayBuffer
@@ -43,7 +45,7 @@ def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT, margin=0.0):
     for c in costs:
         rnd = Round(algo, cfg, None, OnlineWriter(ReplayBuffer(1, 3, 1), torch.zeros(1), 0.99))
         rnd.episodes = [(-100.0, c, 200), (-100.0, c, 200)]
-        after_round(algo, cfg, _state(), rnd, 12.0, tmp_path)
+        steer(algo, cfg, after_round(algo, cfg, _state(), rnd, 12.0, tmp_path), 12.0)
         values.append(algo.lagrangian.value)
     return values
 
@@ -75,6 +77,25 @@ def test_cost_margin_holds_the_training_episodes_below_the_budget(tiny_cql, tmp_
     assert plain[0] >= plain[1] >= plain[2], plain  # falls (or stays at 0) without the margin
     with pytest.raises(ValueError, match="cost_margin"):
         finetune(tiny_cql, tmp_path / "bad", config=replace(TINY, cost_margin=1.0), progress=False)
+
+
+def test_the_multiplier_steers_the_evaluated_policy_where_the_round_has_an_evaluation(tiny_cql, tmp_path):
+    """The training episodes sample their actions; the policy a run hands over acts deterministically and
+    can pay more. By default the multiplier measures the evaluation's cost, the episodes' without one."""
+    cheap_episodes = {"online/episode_cost": 2.0}
+    costly_policy = cheap_episodes | {"eval/cost": 20.0}
+    assert measured_cost(TINY, costly_policy) == 20.0
+    assert measured_cost(TINY, cheap_episodes) == 2.0
+    by_episodes = replace(TINY, cost_signal="episodes")
+    assert measured_cost(by_episodes, costly_policy) == 2.0
+    for cfg, rises in ((replace(TINY, pid=ASCENT), True), (replace(by_episodes, pid=ASCENT), False)):
+        algo = build_algo(read_config(tiny_cql), cfg)
+        warm_start(algo, tiny_cql, budget=12.0)
+        metrics = dict(costly_policy)
+        steer(algo, cfg, metrics, 12.0)
+        assert (metrics["online/lagrange_multiplier"] > 0.0) == rises, (cfg.cost_signal, metrics)
+    with pytest.raises(ValueError, match="cost_signal"):
+        finetune(tiny_cql, tmp_path / "bad", config=replace(TINY, cost_signal="stochastic"), progress=False)
 
 
 def test_the_online_multiplier_starts_afresh_whatever_the_offline_one_ended_at(tiny_cql, tmp_path):
