@@ -4,9 +4,10 @@ SAC (or CQL / Cal-QL critics, see ``algos/calql.py``) warm-started from the offl
 actor, reward critics, cost critic and optimiser moments. Offline, the multiplier weighed ``Q_c`` at the
 data's episode starts; here it starts at rest and measures the undiscounted cost of whole episodes
 relative to the task's episode budget (``cost / budget``, held to ``1 - cost_margin``) with the configured
-PID gains (Stooke et al. 2020): by default the cost of each round's deterministic evaluation, the policy
-a run hands over (``cost_signal``). Relative, so that one set of gains fits budgets of 10 and 25 and
-episode costs of 50 or 300: an episode at twice the budget is an error of 1.
+PID gains (Stooke et al. 2020): the training episodes' mean cost, or with ``cost_signal="evaluation"``
+that of each round's deterministic evaluation, the policy a run hands over. Relative, so that one set of
+gains fits budgets of 10 and 25 and episode costs of 50 or 300: an episode at twice the budget is an error
+of 1.
 
 Each batch is ``round(offline_ratio * B)`` transitions of the offline dataset plus the rest from the
 online replay (Ball et al. 2023, "RLPD": symmetric sampling). Work is organised in rounds of whole

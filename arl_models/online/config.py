@@ -64,7 +64,7 @@ class FinetuneConfig:
     cost_margin: float = 0.6
     """Share of the budget held in reserve: the multiplier holds the measured cost (``cost_signal``) to
     ``budget * (1 - cost_margin)``."""
-    cost_signal: str = "evaluation"
+    cost_signal: str = "episodes"
     """The cost the multiplier measures after each round: ``evaluation``, the mean cost of the round's
     deterministic evaluation (the policy that keep-best hands over) where the round has one, else the
     training episodes'; ``episodes``, always the training episodes' (stochastic actions)."""

@@ -81,14 +81,15 @@ def test_cost_margin_holds_the_training_episodes_below_the_budget(tiny_cql, tmp_
 
 def test_the_multiplier_steers_the_evaluated_policy_where_the_round_has_an_evaluation(tiny_cql, tmp_path):
     """The training episodes sample their actions; the policy a run hands over acts deterministically and
-    can pay more. By default the multiplier measures the evaluation's cost, the episodes' without one."""
+    can pay more. With ``cost_signal="evaluation"`` the multiplier measures the evaluation's cost, the
+    episodes' in rounds without one; by default the episodes'."""
     cheap_episodes = {"online/episode_cost": 2.0}
     costly_policy = cheap_episodes | {"eval/cost": 20.0}
-    assert measured_cost(TINY, costly_policy) == 20.0
-    assert measured_cost(TINY, cheap_episodes) == 2.0
-    by_episodes = replace(TINY, cost_signal="episodes")
-    assert measured_cost(by_episodes, costly_policy) == 2.0
-    for cfg, rises in ((replace(TINY, pid=ASCENT), True), (replace(by_episodes, pid=ASCENT), False)):
+    by_evaluation = replace(TINY, cost_signal="evaluation")
+    assert measured_cost(by_evaluation, costly_policy) == 20.0
+    assert measured_cost(by_evaluation, cheap_episodes) == 2.0
+    assert measured_cost(TINY, costly_policy) == 2.0
+    for cfg, rises in ((replace(by_evaluation, pid=ASCENT), True), (replace(TINY, pid=ASCENT), False)):
         algo = build_algo(read_config(tiny_cql), cfg)
         warm_start(algo, tiny_cql, budget=12.0)
         metrics = dict(costly_policy)
