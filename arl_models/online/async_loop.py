@@ -159,7 +159,7 @@ def run_async(s: Session, stop_after_rounds: int | None = None) -> dict[str, flo
             while len(rnd.episodes) >= per_round and state.env_steps < cfg.steps:
                 # a round is exactly `per_round` episodes, as in the sync loop; the rest open the next
                 rnd.episodes, extra = rnd.episodes[:per_round], rnd.episodes[per_round:]
-                latest = after_round(algo, cfg, state, rnd, s.budget, s.out) | last_rates
+                latest = after_round(algo, state, rnd, s.budget, s.out) | last_rates
                 elapsed = max(time.perf_counter() - t0, 1e-9)
                 latest["online/steps_per_s"] = (state.env_steps - start_steps) / elapsed
                 latest["pipeline/replaced_workers"] = float(pool.replaced)

@@ -122,7 +122,6 @@ class Round:
 
 def after_round(
     algo: CalQL,
-    cfg: FinetuneConfig,
     state: OnlineState,
     rnd: Round,
     budget: float,

@@ -40,7 +40,7 @@ def run_sync(s: Session, stop_after_rounds: int | None = None) -> dict[str, floa
         while state.env_steps < cfg.steps:
             rnd = Round(s.algo, cfg, s.scaler, s.writer)
             rnd.run(envs, cfg.seed * 1_000_003 + state.rounds * cfg.num_envs, s.update)
-            latest = after_round(s.algo, cfg, state, rnd, s.budget, s.out)
+            latest = after_round(s.algo, state, rnd, s.budget, s.out)
             elapsed = max(time.perf_counter() - t0, 1e-9)
             latest["online/steps_per_s"] = (state.env_steps - start_steps) / elapsed
             s.report_round(latest)

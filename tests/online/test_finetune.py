@@ -45,7 +45,7 @@ def _algo_with_rounds(tiny_cql, tmp_path, costs, pid=ASCENT, margin=0.0):
     for c in costs:
         rnd = Round(algo, cfg, None, OnlineWriter(ReplayBuffer(1, 3, 1), torch.zeros(1), 0.99))
         rnd.episodes = [(-100.0, c, 200), (-100.0, c, 200)]
-        steer(algo, cfg, after_round(algo, cfg, _state(), rnd, 12.0, tmp_path), 12.0)
+        steer(algo, cfg, after_round(algo, _state(), rnd, 12.0, tmp_path), 12.0)
         values.append(algo.lagrangian.value)
     return values
 
